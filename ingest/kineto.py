@@ -1,0 +1,214 @@
+"""PyTorch profiler (Kineto Chrome-trace JSON) → canonical tables.
+
+The event array is parsed by DuckDB's JSON reader (C++, multi-threaded, streaming), never by a
+Python loop per event. Python only reads the small metadata before and after ``traceEvents``.
+
+Times: ``ts``/``dur`` are microseconds with three decimals (nanosecond precision). They are read
+as DECIMAL(24,3), so absolute epoch values such as 1712345678901234.567 µs, which a double cannot
+hold, convert to integer ns exactly: ns = CAST(ts * 1000 AS BIGINT) (+ baseTimeNanoseconds when
+the file is relative). This is the one place the unit rule lives.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from store.errors import TraceFormatError
+
+GZIP_MAGIC = b"\x1f\x8b"
+HEAD_BYTES = 8 << 20
+TAIL_BYTES = 8 << 20
+
+# 2021-era Kineto wrote capitalised categories (PyTorch 1.8/1.9); map them to today's names.
+LEGACY_CATS = {
+    "kernel": "kernel",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "runtime": "cuda_runtime",
+    "driver": "cuda_driver",
+    "operator": "cpu_op",
+    "user annotation": "user_annotation",
+    "python": "python_function",
+}
+GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "mtia_ccp_events": "kernel"}
+FLOW_CATS = ("ac2g", "async_cpu_to_gpu", "fwdbwd", "async")
+
+# element sizes of c10 ScalarType names as written in "dtype"
+DTYPE_BYTES = {
+    "Float": 4, "float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
+    "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8,
+    "ComplexDouble": 16, "UInt32": 4, "UInt64": 8,
+}
+
+RANK_FROM_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+
+
+@dataclass
+class KinetoMeta:
+    meta: dict = field(default_factory=dict)
+    slice_path: str = ""          # a file holding exactly the JSON array of events
+    array_offset: int = 0         # byte offset of '[' in the (decompressed) document
+    salvaged: bool = False
+    cut_at: int | None = None     # byte offset of the truncation when salvaged
+    tmpdir: str | None = None
+
+    def cleanup(self):
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _decompress(path: Path, dst: Path) -> None:
+    try:
+        with gzip.open(path, "rb") as src, open(dst, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 24)
+    except (OSError, EOFError, zlib.error) as e:
+        raise TraceFormatError(path, None, f"corrupt gzip stream ({e})") from None
+
+
+def _find_array_end(tail: bytes, tail_off: int) -> tuple[int, dict] | None:
+    """Offset of the ']' that closes traceEvents, and the metadata after it.
+
+    The real end is the earliest ']' in the tail that follows an event ('}' or '[') and after which
+    the rest of the document parses as the remainder of an object (``, "k": v ... }``).
+    """
+    best = None
+    for m in re.finditer(rb"[}\[]\s*\]", tail):
+        pos = m.end() - 1
+        rest = tail[pos + 1:].strip()
+        if not rest.endswith(b"}"):
+            continue
+        body = rest[1:] if rest.startswith(b",") else rest
+        try:
+            extra = json.loads(b"{" + body if body != b"}" else b"{}")
+        except ValueError:
+            continue
+        if isinstance(extra, dict):
+            best = (tail_off + pos, extra)
+            break
+    return best
+
+
+def sniff_kineto(path: Path, salvage: bool = False) -> KinetoMeta:
+    """Locate the event array and read the metadata; raise TraceFormatError on anything else."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(path, None, "no such file")
+    if path.stat().st_size == 0:
+        raise TraceFormatError(path, None, "empty file")
+    km = KinetoMeta(tmpdir=tempfile.mkdtemp(prefix="ninefold-"))
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+        doc = path
+        if magic == GZIP_MAGIC:
+            doc = Path(km.tmpdir) / "doc.json"
+            _decompress(path, doc)
+            if doc.stat().st_size == 0:
+                raise TraceFormatError(path, None, "empty file (gzip holds no data)")
+        size = doc.stat().st_size
+        with open(doc, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            stripped = head.lstrip()
+            if not stripped.startswith(b"{"):
+                first = stripped[:1]
+                if first == b"[":
+                    raise TraceFormatError(path, "byte 0", "a bare JSON array, not a Kineto trace object "
+                                           "(no traceEvents/metadata)")
+                raise TraceFormatError(path, "byte 0", "not JSON (does not start with '{')")
+            m = re.search(rb'"traceEvents"\s*:\s*\[', head)
+            if not m:
+                raise TraceFormatError(path, None, "not a Kineto trace: no \"traceEvents\" array "
+                                       f"in the first {HEAD_BYTES >> 20} MiB")
+            km.array_offset = m.end() - 1
+            pre = head[: m.start()].rstrip()
+            pre = pre[:-1] if pre.endswith(b",") else pre
+            try:
+                km.meta = json.loads(pre + b"}") if pre.strip() != b"{" else {}
+            except ValueError as e:
+                raise TraceFormatError(path, "metadata", f"malformed metadata before traceEvents ({e})") from None
+            toff = max(km.array_offset, size - TAIL_BYTES)
+            f.seek(toff)
+            tail = f.read()
+            found = _find_array_end(tail, toff)
+            if found is None:
+                # A cut file: find the last complete event (a '}' followed by ',' and the next '{').
+                last = None
+                for mm in re.finditer(rb"\}\s*,\s*(?=\{)", tail):
+                    last = mm
+                end_event = toff + last.start() if last else None
+                if end_event is None and km.array_offset + 1 < size:
+                    # small file: the array may hold a single complete event
+                    end_event = None
+                where = f"byte {size}"
+                if not salvage:
+                    detail = (f"; last complete event ends at byte {end_event + 1}" if end_event is not None else "")
+                    raise TraceFormatError(path, where, "truncated JSON: the traceEvents array is never closed"
+                                           f"{detail} (use --salvage to keep the complete events)")
+                if end_event is None:
+                    raise TraceFormatError(path, where, "truncated JSON with no complete event to salvage")
+                km.salvaged = True
+                km.cut_at = size
+                end = end_event + 1
+                closing = b"]"
+            else:
+                end, extra = found
+                for k, v in extra.items():
+                    km.meta.setdefault(k, v)
+                end += 1
+                closing = b""
+            km.slice_path = str(Path(km.tmpdir) / "events.json")
+            with open(km.slice_path, "wb") as out:
+                f.seek(km.array_offset)
+                remaining = end - km.array_offset
+                while remaining > 0:
+                    chunk = f.read(min(remaining, 1 << 24))
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    remaining -= len(chunk)
+                out.write(closing)
+        if doc != path:
+            os.unlink(doc)
+        return km
+    except BaseException:
+        km.cleanup()
+        raise
+
+
+def rank_from_meta_or_name(meta: dict, path: Path) -> int | None:
+    di = meta.get("distributedInfo")
+    if isinstance(di, dict) and isinstance(di.get("rank"), int):
+        return di["rank"]
+    m = RANK_FROM_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+EVENT_COLUMNS = (
+    "{'ph':'VARCHAR','cat':'VARCHAR','name':'VARCHAR','pid':'VARCHAR','tid':'VARCHAR',"
+    "'ts':'DECIMAL(24,3)','dur':'DECIMAL(24,3)','id':'VARCHAR','bp':'VARCHAR','s':'VARCHAR','args':'JSON'}"
+)
+
+
+def read_events(con, km: KinetoMeta, path: Path) -> None:
+    """Parse the event array into the temp table ``_ev`` (one row per event)."""
+    con.execute("DROP TABLE IF EXISTS _ev")
+    try:
+        con.execute(
+            f"CREATE TEMP TABLE _ev AS SELECT row_number() OVER () AS ord, * FROM read_json(?, format='array', "
+            f"maximum_object_size=268435456, columns={EVENT_COLUMNS})",
+            [km.slice_path],
+        )
+    except Exception as e:  # duckdb.InvalidInputException and friends
+        msg = str(e)
+        m = re.search(r"at byte (\d+)", msg)
+        where = f"byte {km.array_offset + int(m.group(1))}" if m else None
+        reason = msg.split("Error: ", 1)[-1].split("\n")[0]
+        reason = re.sub(r' in file "[^"]*"', "", reason)
+        raise TraceFormatError(path, where, f"malformed JSON in traceEvents: {reason}") from None

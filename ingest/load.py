@@ -1,0 +1,271 @@
+"""The only writer: one trace file → one transaction over the canonical tables."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingest.kineto import DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from store.errors import IngestConflict, NinefoldError, TraceFormatError
+from store.schema import PER_TRACE
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass
+class LoadResult:
+    path: str
+    job: str
+    rank: int | None
+    status: str            # stored | unchanged | failed
+    message: str = ""
+    counts: dict | None = None
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def discover(paths: list[str | Path]) -> list[tuple[Path, str]]:
+    """(file, default job name) for every trace file named or inside a named directory."""
+    out: list[tuple[Path, str]] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+            if not files:
+                raise TraceFormatError(p, None, "directory holds no trace files (*.json, *.json.gz)")
+            out.extend((f, p.resolve().name) for f in files)
+        elif p.exists():
+            out.append((p, p.resolve().parent.name))
+        else:
+            raise TraceFormatError(p, None, "no such file or directory")
+    return out
+
+
+def _ns(col: str, base: int) -> str:
+    return f"(CAST({col} * 1000 AS BIGINT) + {int(base)})"
+
+
+def _cat_sql() -> str:
+    cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in LEGACY_CATS.items())
+    return f"CASE lower(coalesce(cat, '')) {cases} ELSE lower(coalesce(cat, '')) END"
+
+
+def _arg(key: str) -> str:
+    return f"json_extract_string(args, '$.\"{key}\"')"
+
+
+def _arg_int(key: str) -> str:
+    return f"TRY_CAST({_arg(key)} AS BIGINT)"
+
+
+def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: bool = False,
+                salvage: bool = False) -> LoadResult:
+    path = Path(path)
+    digest = sha256_of(path) if path.exists() else None
+    if digest is not None:
+        same = con.execute("SELECT rank FROM traces WHERE job = ? AND sha256 = ?", [job, digest]).fetchone()
+        if same is not None:
+            return LoadResult(str(path), job, same[0], "unchanged", "already stored (same sha256)")
+    km = sniff_kineto(path, salvage=salvage)
+    try:
+        meta = km.meta
+        if rank is None:
+            rank = rank_from_meta_or_name(meta, path)
+        if rank is None:
+            raise TraceFormatError(path, None, "no rank: distributedInfo has none and the file name has no "
+                                   "rank-N/rankN/workerN; pass --rank")
+        existing = con.execute("SELECT path FROM traces WHERE job = ? AND rank = ?", [job, rank]).fetchone()
+        if existing is not None and not replace:
+            raise IngestConflict(path, f"job {job!r} already has rank {rank} from {existing[0]}; "
+                                 "pass --replace to overwrite it")
+        read_events(con, km, path)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            counts = _insert(con, path, job, rank, meta, km, digest)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        msg = "salvaged (file was truncated)" if km.salvaged else ""
+        return LoadResult(str(path), job, rank, "stored", msg, counts)
+    finally:
+        con.execute("DROP TABLE IF EXISTS _ev")
+        km.cleanup()
+
+
+def _insert(con, path, job, rank, meta, km, digest) -> dict:
+    for t in PER_TRACE:
+        con.execute(f"DELETE FROM {t} WHERE job = ? AND rank = ?", [job, rank])
+    con.execute("DELETE FROM traces WHERE job = ? AND rank = ?", [job, rank])
+    diags: list[tuple[str, str, int, str]] = []
+
+    base = meta.get("baseTimeNanoseconds")
+    max_ts = con.execute("SELECT max(ts) FROM _ev WHERE ph = 'X'").fetchone()[0]
+    if isinstance(base, int):
+        time_mode = "relative_base"
+    elif max_ts is not None and max_ts > 10**14:
+        # before 2024-03 Kineto wrote absolute Unix-epoch integer microseconds
+        base, time_mode = 0, "absolute_us"
+    else:
+        base, time_mode = 0, "relative_unknown"
+        diags.append(("kineto", "no_base_time", 1, "relative ts with no baseTimeNanoseconds: ranks cannot be "
+                      "aligned by wall clock; alignment falls back to collectives"))
+
+    con.execute(f"""CREATE OR REPLACE TEMP VIEW _x AS
+        SELECT ord, {_cat_sql()} AS cat, name, pid, tid,
+               {_ns('ts', base)} AS start_ns,
+               {_ns('ts', base)} + greatest(CAST(coalesce(dur, 0) * 1000 AS BIGINT), 0) AS end_ns,
+               dur, args
+        FROM _ev WHERE ph = 'X' AND ts IS NOT NULL""")
+    neg = con.execute("SELECT count(*), any_value(name) FROM _x WHERE dur < 0").fetchone()
+    if neg[0]:
+        diags.append(("kineto", "negative_duration", neg[0], f"{neg[1]} (clamped to 0)"))
+    nots = con.execute("SELECT count(*) FROM _ev WHERE ph = 'X' AND ts IS NULL").fetchone()[0]
+    if nots:
+        diags.append(("kineto", "missing_ts", nots, "complete events without ts were dropped"))
+
+    gpu_case = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in GPU_CATS.items())
+    con.execute(f"""INSERT INTO gpu_ops
+        SELECT ?, ?, coalesce(TRY_CAST(pid AS INTEGER), TRY_CAST({_arg('device')} AS INTEGER)),
+               coalesce({_arg_int('stream')}, TRY_CAST(tid AS BIGINT)),
+               CASE cat {gpu_case} ELSE 'sync' END, name, start_ns, end_ns,
+               {_arg_int('correlation')}, {_arg_int('External id')},
+               CASE WHEN cat = 'gpu_memcpy' THEN nullif(regexp_extract(name, 'Memcpy (\\w+)', 1), '') END,
+               {_arg_int('bytes')}, args
+        FROM _x WHERE cat IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')
+        ORDER BY start_ns, ord""", [job, rank])
+
+    # host side: every other complete event. Depth on a thread = intervals open at its start.
+    con.execute(f"""INSERT INTO host_ops
+        WITH h AS (
+            SELECT * FROM _x WHERE cat NOT IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')
+        ), pts AS (
+            SELECT ord, pid, tid, start_ns AS t, 1 AS d, end_ns AS e FROM h
+            UNION ALL SELECT NULL, pid, tid, end_ns, -1, end_ns FROM h
+        ), run AS (
+            SELECT ord, sum(d) OVER (PARTITION BY pid, tid ORDER BY t, d, e DESC
+                                     ROWS UNBOUNDED PRECEDING) - 1 AS depth FROM pts
+        )
+        SELECT ?, ?, h.pid, h.tid, h.cat, h.name, h.start_ns, h.end_ns,
+               {_arg_int('External id').replace('args', 'h.args')}, {_arg_int('correlation').replace('args', 'h.args')},
+               CAST(run.depth AS INTEGER), h.args
+        FROM h JOIN run ON run.ord = h.ord ORDER BY h.start_ns, h.ord""", [job, rank])
+
+    con.execute("""INSERT INTO steps
+        SELECT ?, ?, CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS INTEGER) AS step,
+               min(start_ns), max(end_ns)
+        FROM _x WHERE regexp_matches(name, '^ProfilerStep#\\d+$') AND cat IN ('user_annotation', 'cpu_op')
+        GROUP BY step ORDER BY step""", [job, rank])
+
+    flow_list = ", ".join(f"'{c}'" for c in FLOW_CATS)
+    con.execute(f"""INSERT INTO flows
+        SELECT ?, ?, lower(cat), TRY_CAST(id AS BIGINT), ph, {_ns('ts', base)}
+        FROM _ev WHERE ph IN ('s', 'f', 't') AND lower(coalesce(cat, '')) IN ({flow_list})""", [job, rank])
+
+    dtype_case = " ".join(f"WHEN '{k}' THEN {v}" for k, v in DTYPE_BYTES.items())
+    coll_cols = f"""{_arg('Process Group Name')} AS pg_name, {_arg('Process Group Description')} AS pg_desc,
+        {_arg('Process Group Ranks')} AS pg_ranks, {_arg_int('Seq')} AS seq, {_arg('Collective name')} AS coll,
+        {_arg_int('In msg nelems')} AS in_nelems, {_arg_int('Out msg nelems')} AS out_nelems,
+        {_arg('dtype')} AS dtype, TRY_CAST({_arg('Group size')} AS INTEGER) AS group_size,
+        {_arg_int('External id')} AS external_id"""
+    con.execute(f"""INSERT INTO collectives
+        WITH cpu AS (
+            SELECT {coll_cols}, start_ns, end_ns FROM _x
+            WHERE name = 'record_param_comms' AND {_arg('Collective name')} IS NOT NULL
+        ), k AS (
+            SELECT {coll_cols}, name AS kernel_name, start_ns, end_ns FROM _x
+            WHERE cat = 'kernel' AND {_arg('Collective name')} IS NOT NULL
+        ), kx AS (  -- comm kernels without args, joined to the record_param_comms op by External id
+            SELECT {_arg_int('External id')} AS external_id, name AS kernel_name, start_ns, end_ns FROM _x
+            WHERE cat = 'kernel' AND {_arg('Collective name')} IS NULL AND {_arg_int('External id')} IS NOT NULL
+        ), j AS (
+            SELECT cpu.pg_name, cpu.pg_desc, cpu.pg_ranks, cpu.seq, cpu.coll, cpu.in_nelems, cpu.out_nelems,
+                   cpu.dtype, cpu.group_size,
+                   coalesce(k.start_ns, kx.start_ns, cpu.start_ns) AS start_ns,
+                   coalesce(k.end_ns, kx.end_ns, cpu.end_ns) AS end_ns,
+                   coalesce(k.kernel_name, kx.kernel_name) AS kernel_name, cpu.external_id,
+                   CASE WHEN coalesce(k.kernel_name, kx.kernel_name) IS NULL THEN 'cpu_op' ELSE 'kernel' END AS source
+            FROM cpu LEFT JOIN k ON k.external_id = cpu.external_id
+                     LEFT JOIN kx ON kx.external_id = cpu.external_id AND k.external_id IS NULL
+            UNION ALL
+            SELECT k.pg_name, k.pg_desc, k.pg_ranks, k.seq, k.coll, k.in_nelems, k.out_nelems, k.dtype,
+                   k.group_size, k.start_ns, k.end_ns, k.kernel_name, k.external_id, 'kernel'
+            FROM k WHERE k.external_id IS NULL OR k.external_id NOT IN (SELECT external_id FROM cpu
+                                                                       WHERE external_id IS NOT NULL)
+        )
+        SELECT ?, ?, pg_name, pg_desc, pg_ranks, seq, coll, in_nelems, out_nelems, dtype,
+               in_nelems * (CASE dtype {dtype_case} ELSE NULL END), group_size, start_ns, end_ns,
+               kernel_name, external_id, source
+        FROM j ORDER BY start_ns""", [job, rank])
+
+    counts = dict(zip(
+        ["kernel", "memcpy", "memset", "sync"],
+        con.execute("""SELECT count(*) FILTER (kind = 'kernel'), count(*) FILTER (kind = 'memcpy'),
+                       count(*) FILTER (kind = 'memset'), count(*) FILTER (kind = 'sync')
+                       FROM gpu_ops WHERE job = ? AND rank = ?""", [job, rank]).fetchone()))
+    counts["host_ops"] = con.execute("SELECT count(*) FROM host_ops WHERE job = ? AND rank = ?", [job, rank]).fetchone()[0]
+    counts["steps"] = con.execute("SELECT count(*) FROM steps WHERE job = ? AND rank = ?", [job, rank]).fetchone()[0]
+    counts["collectives"] = con.execute("SELECT count(*) FROM collectives WHERE job = ? AND rank = ?",
+                                        [job, rank]).fetchone()[0]
+
+    if counts["kernel"] and not counts["steps"]:
+        diags.append(("kineto", "no_profiler_steps", 1, "no ProfilerStep#N annotation: the trace is one window"))
+    no_corr = con.execute("SELECT count(*) FROM gpu_ops WHERE job = ? AND rank = ? AND kind <> 'sync' "
+                          "AND correlation IS NULL", [job, rank]).fetchone()[0]
+    if no_corr:
+        diags.append(("kineto", "gpu_op_without_correlation", no_corr, "GPU activity with no launch correlation"))
+    di = meta.get("distributedInfo")
+    if not isinstance(di, dict):
+        diags.append(("kineto", "no_distributed_info", 1, "rank taken from the file name or --rank"))
+    if km.salvaged:
+        n = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
+        diags.append(("kineto", "salvaged_truncated", n, f"file cut at byte {km.cut_at}; kept {n} complete events"))
+    other = con.execute("""SELECT cat, count(*), any_value(name) FROM _x
+        WHERE cat NOT IN ('kernel','gpu_memcpy','gpu_memset','cuda_sync','cpu_op','user_annotation',
+                          'gpu_user_annotation','cuda_runtime','cuda_driver','python_function','trace',
+                          'cpu_instant_event','overhead','mtia_ccp_events','mtia_runtime','cuda_profiler_range',
+                          'xpu_runtime','xpu_driver','privateuse1_runtime','privateuse1_driver','hpu_op',
+                          'collective_comm','cuda_event')
+        GROUP BY cat""").fetchall()
+    for cat, n, ex in other:
+        diags.append(("kineto", f"unknown_category:{cat}", n, str(ex)[:200]))
+    for src, code, n, ex in diags:
+        con.execute("INSERT INTO diagnostics VALUES (?, ?, ?, ?, ?, ?)", [job, rank, src, code, n, ex])
+
+    devices = meta.get("deviceProperties") or []
+    device_name = devices[0].get("name") if devices and isinstance(devices[0], dict) else None
+    world = di.get("world_size") if isinstance(di, dict) else None
+    n_events = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
+    con.execute("INSERT INTO jobs (job, world_size) VALUES (?, ?) ON CONFLICT (job) DO UPDATE SET "
+                "world_size = coalesce(excluded.world_size, jobs.world_size)", [job, world])
+    con.execute("""INSERT INTO traces (job, rank, path, sha256, format, schema_version, world_size, device_name,
+                   base_ns, time_mode, backend, nccl_version, pg_config, n_events, salvaged)
+                   VALUES (?, ?, ?, ?, 'kineto', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [job, rank, str(Path(path).resolve()), digest, str(meta.get("schemaVersion", "")) or None, world,
+                 device_name, base, time_mode,
+                 di.get("backend") if isinstance(di, dict) else None,
+                 str(di.get("nccl_version")) if isinstance(di, dict) and di.get("nccl_version") else None,
+                 json.dumps(di.get("pg_config")) if isinstance(di, dict) and di.get("pg_config") else None,
+                 n_events, km.salvaged])
+    return counts
+
+
+def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None) -> list[LoadResult]:
+    """Ingest every file; a failing file is reported and does not stop the others."""
+    results = []
+    for f, default_job in discover(paths):
+        j = job or default_job
+        try:
+            r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage)
+        except NinefoldError as e:
+            r = LoadResult(str(f), j, rank, "failed", str(e))
+        results.append(r)
+        if on_result:
+            on_result(r)
+    return results

@@ -1,0 +1,84 @@
+"""The ninefold command line. Library errors become one line and a non-zero exit."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from store.errors import NinefoldError
+
+
+@click.group()
+def cli():
+    """ninefold: where every nanosecond of every rank's step went."""
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--db", required=True, help="DuckDB file (created if missing)")
+@click.option("--job", default=None, help="job name (default: the directory name)")
+@click.option("--rank", type=int, default=None, help="rank, when neither the trace nor the file name has one")
+@click.option("--replace", is_flag=True, help="overwrite a rank already stored from another file")
+@click.option("--salvage", is_flag=True, help="keep the complete events of a truncated file")
+def ingest(paths, db, job, rank, replace, salvage):
+    """Ingest trace files (or directories of per-rank files) into DB."""
+    from ingest.load import ingest_paths
+    from store.connection import connect
+
+    t0 = time.perf_counter()
+    con = connect(db)
+
+    def show(r):
+        if r.status == "failed":
+            click.echo(f"FAILED  {r.message}")
+        else:
+            c = r.counts or {}
+            detail = (f"kernels={c.get('kernel', 0)} memcpy={c.get('memcpy', 0)} memset={c.get('memset', 0)} "
+                      f"steps={c.get('steps', 0)} collectives={c.get('collectives', 0)}") if c else ""
+            click.echo(f"{r.status.upper():7s} {r.path} job={r.job} rank={r.rank} {detail} {r.message}".rstrip())
+
+    try:
+        results = ingest_paths(con, list(paths), job=job, rank=rank, replace=replace, salvage=salvage,
+                               on_result=show)
+    except NinefoldError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    failed = sum(r.status == "failed" for r in results)
+    stored = sum(r.status == "stored" for r in results)
+    same = sum(r.status == "unchanged" for r in results)
+    click.echo(f"{len(results)} files: {stored} stored, {same} unchanged, {failed} failed "
+               f"in {time.perf_counter() - t0:.2f}s")
+    sys.exit(1 if failed else 0)
+
+
+@cli.command()
+@click.option("--db", required=True)
+def summary(db):
+    """Per job and rank: what was stored."""
+    from store.connection import connect
+
+    con = connect(db, read_only=True)
+    rows = con.execute("""
+        SELECT t.job, t.rank, t.device_name, t.time_mode,
+               (SELECT count(*) FROM gpu_ops g WHERE g.job = t.job AND g.rank = t.rank AND kind = 'kernel'),
+               (SELECT count(*) FROM gpu_ops g WHERE g.job = t.job AND g.rank = t.rank AND kind = 'memcpy'),
+               (SELECT count(*) FROM steps s WHERE s.job = t.job AND s.rank = t.rank),
+               (SELECT count(*) FROM collectives c WHERE c.job = t.job AND c.rank = t.rank),
+               (SELECT coalesce(sum(end_ns - start_ns), 0) FROM gpu_ops g
+                 WHERE g.job = t.job AND g.rank = t.rank AND kind = 'kernel')
+        FROM traces t ORDER BY t.job, t.rank""").fetchall()
+    click.echo(f"{'job':20s} {'rank':>4s} {'kernels':>8s} {'memcpy':>7s} {'steps':>5s} {'colls':>6s} "
+               f"{'kernel_ms':>10s}  device")
+    for job, rank, dev, mode, k, m, s, c, kns in rows:
+        click.echo(f"{job:20s} {rank:4d} {k:8d} {m:7d} {s:5d} {c:6d} {kns / 1e6:10.3f}  {dev or '-'}")
+    diag = con.execute("SELECT count(*) FROM diagnostics").fetchone()[0]
+    click.echo(f"{len(rows)} traces, {diag} diagnostics rows")
+
+
+def main():
+    cli()
+
+
+if __name__ == "__main__":
+    main()
