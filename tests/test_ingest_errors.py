@@ -1,0 +1,136 @@
+"""Bad input: one clear line naming the file, nothing partial stored, other files still land."""
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ingest.load import ingest_paths, load_kineto
+from store.errors import IngestConflict, TraceFormatError
+
+
+def _event(i, ts_ns, dur_ns=1000, cat="kernel", name="k"):
+    return (f'{{"ph": "X", "cat": "{cat}", "name": "{name}", "pid": 0, "tid": 7, '
+            f'"ts": {ts_ns // 1000}.{ts_ns % 1000:03d}, "dur": {dur_ns // 1000}.{dur_ns % 1000:03d}, '
+            f'"args": {{"correlation": {i}, "External id": {i}}}}}')
+
+
+def _trace(rank=0, n=5, base=1735689600000000000, extra_tail=True):
+    evs = ",\n".join(_event(i, 1_000_000 + i * 5_000) for i in range(n))
+    tail = ',\n  "traceName": "x.json"' if extra_tail else ""
+    return (f'{{\n  "schemaVersion": 1,\n  "distributedInfo": {{"rank": {rank}, "world_size": 2}},\n'
+            f'  "baseTimeNanoseconds": {base},\n  "traceEvents": [\n{evs}\n  ]{tail}\n}}')
+
+
+def test_exact_ns_for_absolute_epoch_microseconds(db, tmp_path):
+    # 1712345678901234.567 µs does not fit a double; the stored ns must be exact.
+    p = tmp_path / "rank-3.json"
+    p.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, '
+                 '"tid": "7", "ts": 1712345678901234.567, "dur": 0.001}]}')
+    r = load_kineto(db, p, "j")
+    assert r.rank == 3
+    assert db.execute("SELECT start_ns, end_ns FROM gpu_ops").fetchone() == (1712345678901234567, 1712345678901234568)
+    assert db.execute("SELECT time_mode FROM traces").fetchone()[0] == "absolute_us"
+
+
+def test_relative_ts_adds_base(db, tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(_trace(rank=1))
+    load_kineto(db, p, "j")
+    assert db.execute("SELECT min(start_ns) FROM gpu_ops").fetchone()[0] == 1735689600000000000 + 1_000_000
+
+
+def test_truncated_file_fails_with_offset_and_keeps_others(db, tmp_path):
+    good = tmp_path / "rank-0.json"
+    good.write_text(_trace(rank=0))
+    text = _trace(rank=1, n=50)
+    cut = tmp_path / "rank-1.json"
+    cut.write_text(text[: len(text) // 2])
+    res = ingest_paths(db, [tmp_path], job="j")
+    by = {r.path.split("/")[-1]: r for r in res}
+    assert by["rank-0.json"].status == "stored"
+    assert by["rank-1.json"].status == "failed"
+    msg = by["rank-1.json"].message
+    assert "rank-1.json" in msg and "truncated" in msg and f"byte {len(text) // 2}" in msg and "\n" not in msg
+    assert db.execute("SELECT count(*) FROM gpu_ops WHERE rank = 1").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM gpu_ops WHERE rank = 0").fetchone()[0] == 5
+
+
+def test_salvage_keeps_complete_events(db, tmp_path):
+    text = _trace(rank=1, n=50)
+    cut_at = text.index(_event(30, 1_000_000 + 30 * 5_000)) + 20  # cut inside event 30
+    p = tmp_path / "rank-1.json"
+    p.write_text(text[:cut_at])
+    r = load_kineto(db, p, "j", salvage=True)
+    assert r.status == "stored" and r.counts["kernel"] == 30
+    d = db.execute("SELECT code, count FROM diagnostics WHERE code = 'salvaged_truncated'").fetchone()
+    assert d == ("salvaged_truncated", 30)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"", "empty file"),
+    (b"\x1f\x8b\x08\x00garbage-not-deflate", "corrupt gzip"),
+    (b'{"hello": "world"}', "no \"traceEvents\""),
+    (b"<html>", "not JSON"),
+    (b'[{"ph": "X"}]', "bare JSON array"),
+])
+def test_bad_files_have_their_own_message(db, tmp_path, content, needle):
+    p = tmp_path / "rank-0.json"
+    p.write_bytes(content)
+    with pytest.raises(TraceFormatError) as ei:
+        load_kineto(db, p, "j")
+    assert needle in str(ei.value) and str(p) in str(ei.value)
+    assert db.execute("SELECT count(*) FROM traces").fetchone()[0] == 0
+
+
+def test_malformed_event_reports_byte_offset(db, tmp_path):
+    text = _trace(n=10).replace('"name": "k", "pid": 0, "tid": 7, "ts": 1025', '"name": "k" "pid": 0, "tid": 7, "ts": 1025')
+    p = tmp_path / "rank-0.json"
+    p.write_text(text)
+    with pytest.raises(TraceFormatError) as ei:
+        load_kineto(db, p, "j")
+    assert "malformed JSON" in str(ei.value) and "byte " in str(ei.value)
+
+
+def test_empty_directory(db, tmp_path):
+    with pytest.raises(TraceFormatError, match="no trace files"):
+        ingest_paths(db, [tmp_path])
+
+
+def test_reingest_is_noop_and_conflicts_need_replace(db, tmp_path):
+    a = tmp_path / "a" / "rank-0.json"
+    a.parent.mkdir()
+    a.write_text(_trace(rank=0))
+    gz = tmp_path / "b.json.gz"
+    gz.write_bytes(gzip.compress(_trace(rank=0, n=7).encode()))
+    assert load_kineto(db, a, "j").status == "stored"
+    assert load_kineto(db, a, "j").status == "unchanged"
+    assert db.execute("SELECT count(*) FROM gpu_ops").fetchone()[0] == 5
+    with pytest.raises(IngestConflict, match="--replace"):
+        load_kineto(db, gz, "j")
+    assert db.execute("SELECT count(*) FROM gpu_ops").fetchone()[0] == 5
+    assert load_kineto(db, gz, "j", replace=True).status == "stored"
+    assert db.execute("SELECT count(*) FROM gpu_ops").fetchone()[0] == 7
+    assert db.execute("SELECT count(*) FROM traces").fetchone()[0] == 1
+
+
+def test_missing_rank_asks_for_flag(db, tmp_path):
+    p = tmp_path / "trace.json"
+    p.write_text(_trace().replace('"distributedInfo": {"rank": 0, "world_size": 2},', ""))
+    with pytest.raises(TraceFormatError, match="--rank"):
+        load_kineto(db, p, "j")
+    assert load_kineto(db, p, "j", rank=5).rank == 5
+
+
+def test_cli_exit_codes(tmp_path):
+    d = tmp_path / "job1"
+    d.mkdir()
+    (d / "rank-0.json").write_text(_trace(rank=0))
+    (d / "rank-1.json").write_text(_trace(rank=1)[:150])
+    run = lambda *a: subprocess.run([sys.executable, "-m", "service.cli", *a], capture_output=True, text=True)
+    r = run("ingest", str(d), "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 1
+    assert "FAILED" in r.stdout and "job=job1" in r.stdout and "1 stored" in r.stdout
+    r = run("ingest", str(d / "rank-0.json"), "--db", str(tmp_path / "x.duckdb"))
+    assert r.returncode == 0 and "1 unchanged" in r.stdout
