@@ -76,6 +76,58 @@ def summary(db):
     click.echo(f"{len(rows)} traces, {diag} diagnostics rows")
 
 
+@cli.command()
+@click.option("--db", required=True)
+@click.option("--job", default=None, help="one job (default: every job in DB)")
+def attribute(db, job):
+    """Compute ledger_intervals and ledger_totals for the stored traces."""
+    from analysis.attribution import attribute_job
+    from store.connection import connect
+
+    con = connect(db)
+    jobs = [job] if job else [r[0] for r in con.execute("SELECT job FROM jobs ORDER BY job").fetchall()]
+    for j in jobs:
+        t0 = time.perf_counter()
+        r = attribute_job(con, j)
+        click.echo(f"{j}: {r['intervals']} intervals, {r['totals']} totals in {time.perf_counter() - t0:.2f}s")
+
+
+@cli.command()
+@click.option("--db", required=True)
+@click.option("--job", required=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+def ledgers(db, job, fmt):
+    """Print the nine ledger totals per rank and step."""
+    import json as _json
+
+    from analysis.ledgers import LEDGERS
+    from store.connection import connect
+
+    con = connect(db, read_only=True)
+    rows = con.execute("SELECT rank, step, ledger, ns FROM ledger_totals WHERE job = ? ORDER BY rank, step",
+                       [job]).fetchall()
+    if not rows:
+        click.echo(f"error: no ledgers for job {job!r} in {db}; run `ninefold attribute` first", err=True)
+        sys.exit(2)
+    order = {n: i for i, n in enumerate(LEDGERS)}
+    rows.sort(key=lambda r: (r[0], r[1], order[r[2]]))
+    if fmt == "csv":
+        click.echo("rank,step,ledger,ns")
+        for r in rows:
+            click.echo(f"{r[0]},{r[1]},{r[2]},{r[3]}")
+    elif fmt == "json":
+        click.echo(_json.dumps([dict(zip(["rank", "step", "ledger", "ns"], r)) for r in rows]))
+    else:
+        table: dict = {}
+        for rank, step, led, ns in rows:
+            table.setdefault((rank, step), {})[led] = ns
+        click.echo(f"{'rank':>4s} {'step':>6s} " + " ".join(f"{n[:12]:>12s}" for n in LEDGERS) + f" {'window_ms':>10s}")
+        for (rank, step), d in table.items():
+            w = sum(d.values())
+            click.echo(f"{rank:4d} {step:6d} " + " ".join(f"{d.get(n, 0) / 1e6:12.3f}" for n in LEDGERS)
+                       + f" {w / 1e6:10.3f}")
+
+
 def main():
     cli()
 

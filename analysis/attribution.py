@@ -1,0 +1,255 @@
+"""Charge every nanosecond of every rank's step windows to exactly one of the nine ledgers.
+
+Precedence (LEDGERS contract): compute/recompute > communication (straggler | bubble | exposed_comm) >
+memcpy > the idle gap's cause (io > bubble > host > idle). The sweep is vectorised with numpy: the window
+is cut at every interval boundary into elementary segments, each labelled by array lookups.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.classify import classify_kernel
+from analysis.intervals import covered, union
+from analysis.ledgers import LEDGER_ID, LEDGERS
+
+DDL = {
+    "ledger_intervals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, start_ns BIGINT, end_ns BIGINT""",
+    "ledger_totals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, ns BIGINT""",
+    "step_windows": """job VARCHAR, rank INTEGER, step INTEGER, start_ns BIGINT, end_ns BIGINT""",
+    "clock_offsets": """job VARCHAR, rank INTEGER, offset_ns BIGINT, residual_ns BIGINT, n_matched INTEGER""",
+}
+
+RECOMPUTE_HOST = ("name IN ('CheckpointFunctionBackward', 'CheckpointFunction') OR name LIKE '%recompute_fn%' "
+                  "OR name LIKE '%CheckpointFunctionBackward%'")
+IO_HOST = ("name LIKE 'enumerate(DataLoader)%' OR name LIKE '%DataLoader%__next__%' OR name IN "
+           "('torch.load', 'torch.save', 'aten::save', 'aten::load') OR name LIKE '%checkpoint_save%' "
+           "OR name LIKE '%save_checkpoint%'")
+P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
+
+
+def _ensure_tables(con):
+    for t, cols in DDL.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+
+
+def _align(con, job):
+    """Per-rank clock offsets from matched collective completions, and per-collective arrival info.
+
+    A collective ends at nearly the same instant on every member, so offset_r = median over matched
+    collectives of (end_r − median end of that collective). Residual = median |deviation| after removal.
+    """
+    rows = con.execute("""
+        SELECT rank, pg_name, seq, lower(coll), start_ns, end_ns, group_size
+        FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
+                       [job]).fetchall()
+    ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
+    offsets = {r: 0 for r in ranks}
+    groups: dict = {}
+    for rank, pg, seq, coll, s, e, gsz in rows:
+        groups.setdefault((pg, seq, coll in P2P_COLLS), []).append((rank, s, e, gsz or 0, coll))
+    matched = {k: v for k, v in groups.items() if len({m[0] for m in v}) >= 2}
+    if matched:
+        dev: dict = {r: [] for r in ranks}
+        for _ in range(2):  # refine once with the offsets found
+            dev = {r: [] for r in ranks}
+            for members in matched.values():
+                ends = np.array([e - offsets[r] for r, s, e, g, c in members])
+                med = np.median(ends)
+                for (r, s, e, g, c), a in zip(members, ends):
+                    dev[r].append(a - med)
+            for r in ranks:
+                if dev[r]:
+                    offsets[r] += int(np.median(dev[r]))
+            ref = offsets[ranks[0]]
+            offsets = {r: o - ref for r, o in offsets.items()}
+    con.execute("DELETE FROM clock_offsets WHERE job = ?", [job])
+    for r in ranks:
+        resid = 0
+        n = 0
+        if matched:
+            d = []
+            for members in matched.values():
+                ends = np.array([e - offsets[m[0]] for m in members for e in [m[2]]])
+                med = np.median(ends)
+                d.extend(abs(a - med) for m, a in zip(members, ends) if m[0] == r)
+            n = len(d)
+            resid = int(np.median(d)) if d else 0
+        con.execute("INSERT INTO clock_offsets VALUES (?, ?, ?, ?, ?)", [job, r, offsets[r], resid, n])
+    # wait intervals per rank: [own start, last arrival) in the rank's own clock
+    waits = {r: {"straggler": ([], []), "bubble": ([], [])} for r in ranks}
+    matched_keys = set()
+    for key, members in groups.items():
+        p2p = key[2]
+        present = {m[0] for m in members}
+        need = 2 if p2p else max(m[3] for m in members)
+        if len(present) < max(need, 2):
+            continue
+        last = max(s - offsets[r] for r, s, e, g, c in members)
+        for r, s, e, g, c in members:
+            w_end = min(e, last + offsets[r])
+            if w_end > s:
+                kind = "bubble" if p2p else "straggler"
+                waits[r][kind][0].append(s)
+                waits[r][kind][1].append(w_end)
+            matched_keys.add((r, s))
+    return offsets, waits, matched_keys
+
+
+def attribute_job(con, job: str) -> dict:
+    _ensure_tables(con)
+    for t in DDL:
+        if t != "clock_offsets":
+            con.execute(f"DELETE FROM {t} WHERE job = ?", [job])
+    con.execute("DELETE FROM diagnostics WHERE job = ? AND source = 'attribution'", [job])
+    offsets, waits, matched_keys = _align(con, job)
+    ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
+    world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
+    out_intervals = []
+    out_totals = []
+    unmatched_total = 0
+    for rank in ranks:
+        ops = con.execute("""
+            WITH launch AS (
+                SELECT correlation, min(start_ns) AS launch_ns FROM host_ops
+                WHERE job = ? AND rank = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+                GROUP BY correlation
+            )
+            SELECT g.kind, g.name, g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
+            FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation
+            WHERE g.job = ? AND g.rank = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+            ORDER BY g.start_ns""", [job, rank, job, rank]).fetchall()
+        if not ops:
+            continue
+        kind = np.array([o[0] for o in ops])
+        names = [o[1] for o in ops]
+        s = np.array([o[2] for o in ops], dtype=np.int64)
+        e = np.array([o[3] for o in ops], dtype=np.int64)
+        launch = np.array([o[4] for o in ops], dtype=np.int64)
+        uniq = {n: classify_kernel(n) for n in set(names)}
+        fam = np.array([uniq[n][0] if k == "kernel" else "copy" for n, k in zip(names, kind)])
+        cls = np.array([uniq[n][1] if k == "kernel" else k for n, k in zip(names, kind)])
+
+        def host_union(where):
+            h = con.execute(f"SELECT start_ns, end_ns FROM host_ops WHERE job = ? AND rank = ? AND ({where})",
+                            [job, rank]).fetchall()
+            return union([x[0] for x in h], [x[1] for x in h])
+
+        rc_s, rc_e = host_union(RECOMPUTE_HOST)
+        io_s, io_e = host_union(IO_HOST)
+        is_re = (fam == "compute") & covered(launch, rc_s, rc_e)
+        comp = fam == "compute"
+        comm = fam == "comm"
+        copy = fam == "copy"
+        comm_unmatched = int(sum(1 for i in np.flatnonzero(comm) if (rank, int(s[i])) not in matched_keys))
+        unmatched_total += comm_unmatched
+
+        steps = con.execute("SELECT step, start_ns, end_ns FROM steps WHERE job = ? AND rank = ? ORDER BY step",
+                            [job, rank]).fetchall()
+        if steps:
+            st_s = np.array([x[1] for x in steps], dtype=np.int64)
+            step_of = np.searchsorted(st_s, launch, side="right") - 1
+            st_e = np.array([x[2] for x in steps], dtype=np.int64)
+            inside = (step_of >= 0) & (launch < st_e[np.clip(step_of, 0, None)])
+            step_of = np.where(inside, step_of, -1)
+            windows = []
+            present = sorted(set(step_of[step_of >= 0].tolist()))
+            for idx_i, si in enumerate(present):
+                sel = step_of == si
+                w0 = int(s[sel].min())
+                if idx_i + 1 < len(present):
+                    w1 = int(s[step_of == present[idx_i + 1]].min())
+                else:
+                    w1 = int(e[sel].max())
+                windows.append((steps[si][0], w0, w1))
+        else:
+            windows = [(-1, int(s.min()), int(e.max()))]
+
+        Cn = union(s[comp & ~is_re], e[comp & ~is_re])
+        Cr = union(s[is_re], e[is_re])
+        K = union(s[comm], e[comm])
+        P = union(s[copy], e[copy])
+        Ws = union(*waits.get(rank, {}).get("straggler", ([], [])))
+        Wb = union(*waits.get(rank, {}).get("bubble", ([], [])))
+        busy = union(s, e)
+        order = np.argsort(s, kind="stable")
+        s_sorted = s[order]
+        is_p2p_next = np.isin(cls[order], ["sendrecv"])
+        launch_sorted = launch[order]
+
+        for step, w0, w1 in windows:
+            if w1 <= w0:
+                continue
+            # gaps of the window: complement of GPU busy time; each gap's next op gives its launch time
+            bs, be = busy
+            cut = [np.array([w0, w1], dtype=np.int64)]
+            for us, ue in (Cn, Cr, K, P, Ws, Wb, (io_s, io_e), busy):
+                cut.append(np.clip(us, w0, w1))
+                cut.append(np.clip(ue, w0, w1))
+            # gap ends: the start of each busy interval; next op index at that instant
+            nxt = np.searchsorted(s_sorted, be, side="left")  # first op starting at/after a busy end
+            valid = nxt < s_sorted.size
+            gap_start = be[valid]
+            gap_launch = launch_sorted[nxt[valid]]
+            gap_p2p = is_p2p_next[nxt[valid]]
+            gap_end = s_sorted[nxt[valid]]
+            # a gap is bubble only when the p2p op that ends it waited for a peer that was matched
+            gap_p2p = gap_p2p & covered(gap_end, *Wb)
+            cut.append(np.clip(gap_launch, w0, w1))
+            pts = np.unique(np.concatenate(cut))
+            seg_s, seg_e = pts[:-1], pts[1:]
+            lab = np.full(seg_s.size, LEDGER_ID["idle"], dtype=np.int8)
+            inCn = covered(seg_s, *Cn)
+            inCr = covered(seg_s, *Cr) & ~inCn
+            inK = covered(seg_s, *K) & ~inCn & ~inCr
+            inP = covered(seg_s, *P) & ~inCn & ~inCr & ~inK
+            gap = ~(inCn | inCr | inK | inP)
+            lab[inCn] = LEDGER_ID["compute"]
+            lab[inCr] = LEDGER_ID["recompute"]
+            lab[inK] = LEDGER_ID["exposed_comm"]
+            lab[inK & covered(seg_s, *Ws)] = LEDGER_ID["straggler"]
+            lab[inK & covered(seg_s, *Wb)] = LEDGER_ID["bubble"]
+            lab[inP] = LEDGER_ID["memcpy"]
+            # idle gaps: which gap (by the busy interval that ends before it) holds each segment
+            gi = np.searchsorted(gap_start, seg_s, side="right") - 1
+            has = gap & (gi >= 0)
+            gi_c = np.clip(gi, 0, None)
+            if gap_start.size:
+                in_gap = has & (seg_s < gap_end[gi_c])
+                host = in_gap & (seg_s < gap_launch[gi_c])
+                lab[in_gap & host] = LEDGER_ID["host"]
+                lab[in_gap & gap_p2p[gi_c]] = LEDGER_ID["bubble"]
+            lab[gap & covered(seg_s, io_s, io_e)] = LEDGER_ID["io"]
+            dur = seg_e - seg_s
+            tot = np.bincount(lab, weights=dur, minlength=len(LEDGERS)).astype(np.int64)
+            # exact integer sums (bincount weights are float64; recompute exactly)
+            for li in range(len(LEDGERS)):
+                tot[li] = int(dur[lab == li].sum())
+            assert int(tot.sum()) == w1 - w0
+            for li, name in enumerate(LEDGERS):
+                out_totals.append((job, rank, step, name, int(tot[li])))
+            # merge adjacent segments of one ledger
+            change = np.flatnonzero(np.diff(lab)) + 1
+            starts = np.concatenate([[0], change])
+            ends = np.concatenate([change, [lab.size]])
+            for a, b in zip(starts, ends):
+                out_intervals.append((job, rank, step, LEDGERS[lab[a]], int(seg_s[a]), int(seg_e[b - 1])))
+            con.execute("INSERT INTO step_windows VALUES (?, ?, ?, ?, ?)", [job, rank, step, w0, w1])
+    if out_intervals:
+        import pyarrow as pa
+
+        cols = list(zip(*out_intervals))
+        tbl = pa.table({"job": cols[0], "rank": cols[1], "step": cols[2], "ledger": cols[3],
+                        "start_ns": pa.array(cols[4], pa.int64()), "end_ns": pa.array(cols[5], pa.int64())})
+        con.register("_li", tbl)
+        con.execute("INSERT INTO ledger_intervals SELECT * FROM _li")
+        con.unregister("_li")
+        cols = list(zip(*out_totals))
+        tbl = pa.table({"job": cols[0], "rank": cols[1], "step": cols[2], "ledger": cols[3],
+                        "ns": pa.array(cols[4], pa.int64())})
+        con.register("_lt", tbl)
+        con.execute("INSERT INTO ledger_totals SELECT * FROM _lt")
+        con.unregister("_lt")
+    if unmatched_total:
+        con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'unmatched_comm', ?, ?)",
+                    [job, unmatched_total, f"comm kernels with no peer trace (world {world}); charged to exposed_comm"])
+    return {"intervals": len(out_intervals), "totals": len(out_totals), "offsets": offsets}

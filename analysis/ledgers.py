@@ -1,0 +1,18 @@
+"""The nine time ledgers, in precedence order of their families (see the project's LEDGERS contract).
+
+This is the only place their names are spelled."""
+
+LEDGERS = ("compute", "recompute", "host", "exposed_comm", "memcpy", "io", "bubble", "straggler", "idle")
+LEDGER_ID = {name: i for i, name in enumerate(LEDGERS)}
+
+DESCRIPTIONS = {
+    "compute": "a compute kernel is running on some stream",
+    "recompute": "the running compute kernels are forward ops re-executed in backward (activation checkpointing)",
+    "host": "the GPU has nothing queued because the host has not launched the next work yet",
+    "exposed_comm": "a communication kernel moves bytes with no compute overlapping it",
+    "memcpy": "a copy or memset runs with neither compute nor communication overlapping it",
+    "io": "the GPU is idle while the host is in data loading or storage I/O",
+    "bubble": "a pipeline stage waits for a neighbour stage",
+    "straggler": "inside a collective, before the last member of the group arrived",
+    "idle": "the GPU is idle and nothing above explains it",
+}
