@@ -14,6 +14,8 @@ demo: $(BIN)/ninefold
 	$(BIN)/python -m sample_traces.generate demo_out/sample_job --ranks 4 --steps 3 --seed 0
 	$(BIN)/ninefold ingest demo_out/sample_job --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold summary --db demo_out/ninefold.duckdb
+	$(BIN)/ninefold attribute --db demo_out/ninefold.duckdb
+	$(BIN)/ninefold ledgers --db demo_out/ninefold.duckdb --job sample_job
 
 test: $(BIN)/ninefold
 	$(BIN)/python -m pytest -q
