@@ -117,17 +117,21 @@ def attribute_job(con, job: str) -> dict:
             SELECT g.kind, g.name, g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
             FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation
             WHERE g.job = ? AND g.rank = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-            ORDER BY g.start_ns""", [job, rank, job, rank]).fetchall()
-        if not ops:
+            ORDER BY g.start_ns""", [job, rank, job, rank]).fetchnumpy()
+        if len(ops["start_ns"]) == 0:
             continue
-        kind = np.array([o[0] for o in ops])
-        names = [o[1] for o in ops]
-        s = np.array([o[2] for o in ops], dtype=np.int64)
-        e = np.array([o[3] for o in ops], dtype=np.int64)
-        launch = np.array([o[4] for o in ops], dtype=np.int64)
-        uniq = {n: classify_kernel(n) for n in set(names)}
-        fam = np.array([uniq[n][0] if k == "kernel" else "copy" for n, k in zip(names, kind)])
-        cls = np.array([uniq[n][1] if k == "kernel" else k for n, k in zip(names, kind)])
+        kind = np.asarray(ops["kind"]).astype(str)
+        names = np.asarray(ops["name"]).astype(str)
+        s = np.asarray(ops["start_ns"], dtype=np.int64)
+        e = np.asarray(ops["end_ns"], dtype=np.int64)
+        launch = np.asarray(ops["launch_ns"], dtype=np.int64)
+        uniq_names, inv = np.unique(names, return_inverse=True)
+        rules = [classify_kernel(n) for n in uniq_names]
+        fam = np.array([r[0] for r in rules] or ["compute"])[inv]
+        cls = np.array([r[1] for r in rules] or ["other"])[inv]
+        notk = kind != "kernel"
+        fam = np.where(notk, "copy", fam)
+        cls = np.where(notk, kind, cls)
 
         def host_union(where):
             h = con.execute(f"SELECT start_ns, end_ns FROM host_ops WHERE job = ? AND rank = ? AND ({where})",
@@ -140,7 +144,8 @@ def attribute_job(con, job: str) -> dict:
         comp = fam == "compute"
         comm = fam == "comm"
         copy = fam == "copy"
-        comm_unmatched = int(sum(1 for i in np.flatnonzero(comm) if (rank, int(s[i])) not in matched_keys))
+        mk = np.array(sorted(k[1] for k in matched_keys if k[0] == rank), dtype=np.int64)
+        comm_unmatched = int((~np.isin(s[comm], mk)).sum())
         unmatched_total += comm_unmatched
 
         steps = con.execute("SELECT step, start_ns, end_ns FROM steps WHERE job = ? AND rank = ? ORDER BY step",
