@@ -12,7 +12,7 @@ $(BIN)/ninefold: pyproject.toml
 demo: $(BIN)/ninefold
 	rm -rf demo_out && mkdir -p demo_out
 	$(BIN)/python -m sample_traces.generate demo_out/sample_job --ranks 4 --steps 3 --seed 0
-	$(BIN)/ninefold ingest demo_out/sample_job --db demo_out/ninefold.duckdb
+	$(BIN)/ninefold ingest demo_out/sample_job/rank-*.json --job sample_job --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold summary --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold attribute --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold ledgers --db demo_out/ninefold.duckdb --job sample_job

@@ -24,6 +24,9 @@ RECOMPUTE_HOST = ("name IN ('CheckpointFunctionBackward', 'CheckpointFunction') 
 IO_HOST = ("name LIKE 'enumerate(DataLoader)%' OR name LIKE '%DataLoader%__next__%' OR name IN "
            "('torch.load', 'torch.save', 'aten::save', 'aten::load') OR name LIKE '%checkpoint_save%' "
            "OR name LIKE '%save_checkpoint%'")
+# autograd nodes; inside a reentrant checkpoint node, a nested one is the layer's real backward, not recompute
+NESTED_BACKWARD = ("name LIKE 'autograd::engine::evaluate_function:%' "
+                   "AND name NOT LIKE '%CheckpointFunctionBackward%'")
 P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 
 
@@ -107,17 +110,29 @@ def attribute_job(con, job: str) -> dict:
     out_intervals = []
     out_totals = []
     unmatched_total = 0
+    allops = con.execute("""
+        WITH launch AS (
+            SELECT rank, correlation, min(start_ns) AS launch_ns FROM host_ops
+            WHERE job = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+            GROUP BY rank, correlation
+        )
+        SELECT g.rank, g.kind, g.name, g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
+        FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation AND l.rank = g.rank
+        WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+        ORDER BY g.rank, g.start_ns""", [job, job]).fetchnumpy()
+    op_rank = np.asarray(allops["rank"], dtype=np.int64)
+    hosts = {}
+    for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
+        h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}) ORDER BY rank",
+                        [job]).fetchnumpy()
+        hosts[key] = (np.asarray(h["rank"], dtype=np.int64), np.asarray(h["start_ns"], dtype=np.int64),
+                      np.asarray(h["end_ns"], dtype=np.int64))
+    all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
+                            [job]).fetchall()
+    out_windows = []
     for rank in ranks:
-        ops = con.execute("""
-            WITH launch AS (
-                SELECT correlation, min(start_ns) AS launch_ns FROM host_ops
-                WHERE job = ? AND rank = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-                GROUP BY correlation
-            )
-            SELECT g.kind, g.name, g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
-            FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation
-            WHERE g.job = ? AND g.rank = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-            ORDER BY g.start_ns""", [job, rank, job, rank]).fetchnumpy()
+        lo, hi = np.searchsorted(op_rank, [rank, rank + 1])
+        ops = {k: v[lo:hi] for k, v in allops.items()}
         if len(ops["start_ns"]) == 0:
             continue
         kind = np.asarray(ops["kind"]).astype(str)
@@ -133,14 +148,19 @@ def attribute_job(con, job: str) -> dict:
         fam = np.where(notk, "copy", fam)
         cls = np.where(notk, kind, cls)
 
-        def host_union(where):
-            h = con.execute(f"SELECT start_ns, end_ns FROM host_ops WHERE job = ? AND rank = ? AND ({where})",
-                            [job, rank]).fetchall()
-            return union([x[0] for x in h], [x[1] for x in h])
+        def host_union(key):
+            hr, hs, he = hosts[key]
+            m = hr == rank
+            return union(hs[m], he[m])
 
-        rc_s, rc_e = host_union(RECOMPUTE_HOST)
-        io_s, io_e = host_union(IO_HOST)
-        is_re = (fam == "compute") & covered(launch, rc_s, rc_e)
+        rc_s, rc_e = host_union("rc")
+        io_s, io_e = host_union("io")
+        nr, ns_, ne_ = hosts["nb"]
+        nm = (nr == rank)
+        nb_s, nb_e = ns_[nm], ne_[nm]
+        inner = covered(nb_s, rc_s, rc_e)  # nested backward nodes that start inside a checkpoint region
+        nb_s, nb_e = union(nb_s[inner], nb_e[inner])
+        is_re = (fam == "compute") & covered(launch, rc_s, rc_e) & ~covered(launch, nb_s, nb_e)
         comp = fam == "compute"
         comm = fam == "comm"
         copy = fam == "copy"
@@ -148,8 +168,7 @@ def attribute_job(con, job: str) -> dict:
         comm_unmatched = int((~np.isin(s[comm], mk)).sum())
         unmatched_total += comm_unmatched
 
-        steps = con.execute("SELECT step, start_ns, end_ns FROM steps WHERE job = ? AND rank = ? ORDER BY step",
-                            [job, rank]).fetchall()
+        steps = [x[1:] for x in all_steps if x[0] == rank]
         if steps:
             st_s = np.array([x[1] for x in steps], dtype=np.int64)
             step_of = np.searchsorted(st_s, launch, side="right") - 1
@@ -236,15 +255,27 @@ def attribute_job(con, job: str) -> dict:
             change = np.flatnonzero(np.diff(lab)) + 1
             starts = np.concatenate([[0], change])
             ends = np.concatenate([change, [lab.size]])
-            for a, b in zip(starts, ends):
-                out_intervals.append((job, rank, step, LEDGERS[lab[a]], int(seg_s[a]), int(seg_e[b - 1])))
-            con.execute("INSERT INTO step_windows VALUES (?, ?, ?, ?, ?)", [job, rank, step, w0, w1])
-    if out_intervals:
+            out_intervals.append((rank, step, lab[starts], seg_s[starts], seg_e[ends - 1]))
+            out_windows.append((job, rank, step, w0, w1))
+    if out_windows:
         import pyarrow as pa
 
-        cols = list(zip(*out_intervals))
-        tbl = pa.table({"job": cols[0], "rank": cols[1], "step": cols[2], "ledger": cols[3],
-                        "start_ns": pa.array(cols[4], pa.int64()), "end_ns": pa.array(cols[5], pa.int64())})
+        cols = list(zip(*out_windows))
+        con.register("_sw", pa.table({"job": cols[0], "rank": cols[1], "step": cols[2],
+                                      "start_ns": pa.array(cols[3], pa.int64()), "end_ns": pa.array(cols[4], pa.int64())}))
+        con.execute("INSERT INTO step_windows SELECT * FROM _sw")
+        con.unregister("_sw")
+    n_intervals = sum(len(x[2]) for x in out_intervals)
+    if out_intervals:
+        lab = np.concatenate([x[2] for x in out_intervals])
+        tbl = pa.table({
+            "job": pa.array([job] * lab.size, pa.string()),
+            "rank": np.concatenate([np.full(len(x[2]), x[0], np.int32) for x in out_intervals]),
+            "step": np.concatenate([np.full(len(x[2]), x[1], np.int32) for x in out_intervals]),
+            "ledger": pa.DictionaryArray.from_arrays(pa.array(lab.astype(np.int32)), pa.array(list(LEDGERS))).cast(pa.string()),
+            "start_ns": np.concatenate([x[3] for x in out_intervals]),
+            "end_ns": np.concatenate([x[4] for x in out_intervals]),
+        })
         con.register("_li", tbl)
         con.execute("INSERT INTO ledger_intervals SELECT * FROM _li")
         con.unregister("_li")
@@ -257,4 +288,4 @@ def attribute_job(con, job: str) -> dict:
     if unmatched_total:
         con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'unmatched_comm', ?, ?)",
                     [job, unmatched_total, f"comm kernels with no peer trace (world {world}); charged to exposed_comm"])
-    return {"intervals": len(out_intervals), "totals": len(out_totals), "offsets": offsets}
+    return {"intervals": n_intervals, "totals": len(out_totals), "offsets": offsets}

@@ -409,8 +409,15 @@ def _phase_forward_backward(rt: RankTrace, S, layers, ckpt_layers, st):
                 ks, ke = rt.op_kernel(cname, kname, rt.jitter(base))
                 recompute += ke - ks
                 recompute_count += 1
+            # the layer's backward runs as a nested autograd graph task inside the checkpoint node
+            b_s = rt.c
+            x_b, _ = rt.ids()
+            rt.c += 1000
             for cname, kname, base in BWD_LAYER:
                 rt.op_kernel(cname, kname, rt.jitter(base))
+            rt.c += 1000
+            rt.cpu("cpu_op", "autograd::engine::evaluate_function: MmBackward0", b_s, rt.c - b_s,
+                   f'{{"External id": {x_b}}}')
             i_e = rt.c
             rt.cpu("cpu_op", "CheckpointFunctionBackward", i_s, i_e - i_s, f'{{"External id": {x_i}}}')
             rt.cpu("cpu_op", "autograd::engine::evaluate_function: CheckpointFunctionBackward",
