@@ -239,7 +239,8 @@ def attribute_job(con, job: str) -> dict:
             gi_c = np.clip(gi, 0, None)
             if gap_start.size:
                 in_gap = has & (seg_s < gap_end[gi_c])
-                host = in_gap & (seg_s < gap_launch[gi_c])
+                # the work that ends the gap was launched after the gap began: the host was late (whole gap)
+                host = in_gap & (gap_launch[gi_c] > gap_start[gi_c])
                 lab[in_gap & host] = LEDGER_ID["host"]
                 lab[in_gap & gap_p2p[gi_c]] = LEDGER_ID["bubble"]
             lab[gap & covered(seg_s, io_s, io_e)] = LEDGER_ID["io"]
