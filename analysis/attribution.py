@@ -203,10 +203,17 @@ def attribute_job(con, job: str) -> dict:
         for step, w0, w1 in windows:
             if w1 <= w0:
                 continue
+            # only the intervals that touch this window (plus one before it, whose end may open a gap)
+            def win(u, w0=w0, w1=w1):
+                i0 = max(int(np.searchsorted(u[1], w0, side="right")) - 1, 0)
+                i1 = int(np.searchsorted(u[0], w1, side="right"))
+                return u[0][i0:i1], u[1][i0:i1]
+
+            wCn, wCr, wK, wP, wWs, wWb, wIO, wB = (win(u) for u in (Cn, Cr, K, P, Ws, Wb, (io_s, io_e), busy))
             # gaps of the window: complement of GPU busy time; each gap's next op gives its launch time
-            bs, be = busy
+            bs, be = wB
             cut = [np.array([w0, w1], dtype=np.int64)]
-            for us, ue in (Cn, Cr, K, P, Ws, Wb, (io_s, io_e), busy):
+            for us, ue in (wCn, wCr, wK, wP, wWs, wWb, wIO, wB):
                 cut.append(np.clip(us, w0, w1))
                 cut.append(np.clip(ue, w0, w1))
             # gap ends: the start of each busy interval; next op index at that instant
@@ -217,21 +224,21 @@ def attribute_job(con, job: str) -> dict:
             gap_p2p = is_p2p_next[nxt[valid]]
             gap_end = s_sorted[nxt[valid]]
             # a gap is bubble only when the p2p op that ends it waited for a peer that was matched
-            gap_p2p = gap_p2p & covered(gap_end, *Wb)
+            gap_p2p = gap_p2p & covered(gap_end, *wWb)
             cut.append(np.clip(gap_launch, w0, w1))
             pts = np.unique(np.concatenate(cut))
             seg_s, seg_e = pts[:-1], pts[1:]
             lab = np.full(seg_s.size, LEDGER_ID["idle"], dtype=np.int8)
-            inCn = covered(seg_s, *Cn)
-            inCr = covered(seg_s, *Cr) & ~inCn
-            inK = covered(seg_s, *K) & ~inCn & ~inCr
-            inP = covered(seg_s, *P) & ~inCn & ~inCr & ~inK
+            inCn = covered(seg_s, *wCn)
+            inCr = covered(seg_s, *wCr) & ~inCn
+            inK = covered(seg_s, *wK) & ~inCn & ~inCr
+            inP = covered(seg_s, *wP) & ~inCn & ~inCr & ~inK
             gap = ~(inCn | inCr | inK | inP)
             lab[inCn] = LEDGER_ID["compute"]
             lab[inCr] = LEDGER_ID["recompute"]
             lab[inK] = LEDGER_ID["exposed_comm"]
-            lab[inK & covered(seg_s, *Ws)] = LEDGER_ID["straggler"]
-            lab[inK & covered(seg_s, *Wb)] = LEDGER_ID["bubble"]
+            lab[inK & covered(seg_s, *wWs)] = LEDGER_ID["straggler"]
+            lab[inK & covered(seg_s, *wWb)] = LEDGER_ID["bubble"]
             lab[inP] = LEDGER_ID["memcpy"]
             # idle gaps: which gap (by the busy interval that ends before it) holds each segment
             gi = np.searchsorted(gap_start, seg_s, side="right") - 1
@@ -243,7 +250,7 @@ def attribute_job(con, job: str) -> dict:
                 host = in_gap & (gap_launch[gi_c] > gap_start[gi_c])
                 lab[in_gap & host] = LEDGER_ID["host"]
                 lab[in_gap & gap_p2p[gi_c]] = LEDGER_ID["bubble"]
-            lab[gap & covered(seg_s, io_s, io_e)] = LEDGER_ID["io"]
+            lab[gap & covered(seg_s, *wIO)] = LEDGER_ID["io"]
             dur = seg_e - seg_s
             tot = np.bincount(lab, weights=dur, minlength=len(LEDGERS)).astype(np.int64)
             # exact integer sums (bincount weights are float64; recompute exactly)
