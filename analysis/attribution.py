@@ -110,16 +110,29 @@ def attribute_job(con, job: str) -> dict:
     out_intervals = []
     out_totals = []
     unmatched_total = 0
+    # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
+    import pyarrow as pa
+
+    knames = [r[0] for r in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? AND kind = 'kernel' "
+                                        "AND name IS NOT NULL", [job]).fetchall()]
+    rules = [classify_kernel(n) for n in knames]
+    con.register("_kclass", pa.table({"name": pa.array(knames, pa.string()),
+                                      "fam": pa.array([1 if r[0] == "comm" else 0 for r in rules], pa.int8()),
+                                      "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_())}))
     allops = con.execute("""
         WITH launch AS (
             SELECT rank, correlation, min(start_ns) AS launch_ns FROM host_ops
             WHERE job = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
             GROUP BY rank, correlation
         )
-        SELECT g.rank, g.kind, g.name, g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
+        SELECT g.rank, CASE WHEN g.kind = 'kernel' THEN coalesce(c.fam, 0) ELSE 2 END AS fam,
+               coalesce(c.p2p, false) AND g.kind = 'kernel' AS p2p,
+               g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
         FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation AND l.rank = g.rank
+        LEFT JOIN _kclass c ON c.name = g.name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
         ORDER BY g.rank, g.start_ns""", [job, job]).fetchnumpy()
+    con.unregister("_kclass")
     op_rank = np.asarray(allops["rank"], dtype=np.int64)
     hosts = {}
     for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
@@ -135,18 +148,11 @@ def attribute_job(con, job: str) -> dict:
         ops = {k: v[lo:hi] for k, v in allops.items()}
         if len(ops["start_ns"]) == 0:
             continue
-        kind = np.asarray(ops["kind"]).astype(str)
-        names = np.asarray(ops["name"]).astype(str)
+        fam = np.asarray(ops["fam"], dtype=np.int8)
+        p2p = np.asarray(ops["p2p"], dtype=bool)
         s = np.asarray(ops["start_ns"], dtype=np.int64)
         e = np.asarray(ops["end_ns"], dtype=np.int64)
         launch = np.asarray(ops["launch_ns"], dtype=np.int64)
-        uniq_names, inv = np.unique(names, return_inverse=True)
-        rules = [classify_kernel(n) for n in uniq_names]
-        fam = np.array([r[0] for r in rules] or ["compute"])[inv]
-        cls = np.array([r[1] for r in rules] or ["other"])[inv]
-        notk = kind != "kernel"
-        fam = np.where(notk, "copy", fam)
-        cls = np.where(notk, kind, cls)
 
         def host_union(key):
             hr, hs, he = hosts[key]
@@ -160,10 +166,10 @@ def attribute_job(con, job: str) -> dict:
         nb_s, nb_e = ns_[nm], ne_[nm]
         inner = covered(nb_s, rc_s, rc_e)  # nested backward nodes that start inside a checkpoint region
         nb_s, nb_e = union(nb_s[inner], nb_e[inner])
-        is_re = (fam == "compute") & covered(launch, rc_s, rc_e) & ~covered(launch, nb_s, nb_e)
-        comp = fam == "compute"
-        comm = fam == "comm"
-        copy = fam == "copy"
+        is_re = (fam == 0) & covered(launch, rc_s, rc_e) & ~covered(launch, nb_s, nb_e)
+        comp = fam == 0
+        comm = fam == 1
+        copy = fam == 2
         mk = np.array(sorted(k[1] for k in matched_keys if k[0] == rank), dtype=np.int64)
         comm_unmatched = int((~np.isin(s[comm], mk)).sum())
         unmatched_total += comm_unmatched
@@ -175,15 +181,17 @@ def attribute_job(con, job: str) -> dict:
             st_e = np.array([x[2] for x in steps], dtype=np.int64)
             inside = (step_of >= 0) & (launch < st_e[np.clip(step_of, 0, None)])
             step_of = np.where(inside, step_of, -1)
+            ok = step_of >= 0
+            n_st = len(steps)
+            first = np.full(n_st, np.iinfo(np.int64).max, dtype=np.int64)
+            last = np.full(n_st, np.iinfo(np.int64).min, dtype=np.int64)
+            np.minimum.at(first, step_of[ok], s[ok])
+            np.maximum.at(last, step_of[ok], e[ok])
+            present = np.flatnonzero(last > np.iinfo(np.int64).min)
             windows = []
-            present = sorted(set(step_of[step_of >= 0].tolist()))
             for idx_i, si in enumerate(present):
-                sel = step_of == si
-                w0 = int(s[sel].min())
-                if idx_i + 1 < len(present):
-                    w1 = int(s[step_of == present[idx_i + 1]].min())
-                else:
-                    w1 = int(e[sel].max())
+                w0 = int(first[si])
+                w1 = int(first[present[idx_i + 1]]) if idx_i + 1 < len(present) else int(last[si])
                 windows.append((steps[si][0], w0, w1))
         else:
             windows = [(-1, int(s.min()), int(e.max()))]
@@ -197,7 +205,7 @@ def attribute_job(con, job: str) -> dict:
         busy = union(s, e)
         order = np.argsort(s, kind="stable")
         s_sorted = s[order]
-        is_p2p_next = np.isin(cls[order], ["sendrecv"])
+        is_p2p_next = p2p[order]
         launch_sorted = launch[order]
 
         for step, w0, w1 in windows:
@@ -252,10 +260,8 @@ def attribute_job(con, job: str) -> dict:
                 lab[in_gap & gap_p2p[gi_c]] = LEDGER_ID["bubble"]
             lab[gap & covered(seg_s, *wIO)] = LEDGER_ID["io"]
             dur = seg_e - seg_s
+            # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
             tot = np.bincount(lab, weights=dur, minlength=len(LEDGERS)).astype(np.int64)
-            # exact integer sums (bincount weights are float64; recompute exactly)
-            for li in range(len(LEDGERS)):
-                tot[li] = int(dur[lab == li].sum())
             assert int(tot.sum()) == w1 - w0
             for li, name in enumerate(LEDGERS):
                 out_totals.append((job, rank, step, name, int(tot[li])))
@@ -266,7 +272,6 @@ def attribute_job(con, job: str) -> dict:
             out_intervals.append((rank, step, lab[starts], seg_s[starts], seg_e[ends - 1]))
             out_windows.append((job, rank, step, w0, w1))
     if out_windows:
-        import pyarrow as pa
 
         cols = list(zip(*out_windows))
         con.register("_sw", pa.table({"job": cols[0], "rank": cols[1], "step": cols[2],
