@@ -31,7 +31,7 @@ def run_child(kind, *args):
     code = f"import sys, time, resource; t = time.perf_counter(); {CHILD[kind]}; " \
            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     out = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.split()
+                         capture_output=True, text=True).stdout.split()[-2:]
     return float(out[0]), int(out[1]) * 1024
 
 
