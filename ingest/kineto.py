@@ -20,6 +20,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
+
 from store.errors import TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -202,10 +204,10 @@ def read_events(con, km: KinetoMeta, path: Path) -> None:
     try:
         con.execute(
             f"CREATE TEMP TABLE _ev AS SELECT row_number() OVER () AS ord, * FROM read_json(?, format='array', "
-            f"maximum_object_size=268435456, columns={EVENT_COLUMNS})",
+            f"maximum_object_size=67108864, columns={EVENT_COLUMNS})",
             [km.slice_path],
         )
-    except Exception as e:  # duckdb.InvalidInputException and friends
+    except duckdb.InvalidInputException as e:  # a parse error; memory and I/O errors pass through
         msg = str(e)
         m = re.search(r"at byte (\d+)", msg)
         where = f"byte {km.array_offset + int(m.group(1))}" if m else None

@@ -84,6 +84,10 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         if existing is not None and not replace:
             raise IngestConflict(path, f"job {job!r} already has rank {rank} from {existing[0]}; "
                                  "pass --replace to overwrite it")
+        # Bound DuckDB's memory by the event data's size (spilling to disk past it), so peak RSS stays
+        # near the file size however large the trace is.
+        ev_bytes = Path(km.slice_path).stat().st_size
+        con.execute(f"SET memory_limit = '{max(256 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
         read_events(con, km, path)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -96,6 +100,7 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         return LoadResult(str(path), job, rank, "stored", msg, counts)
     finally:
         con.execute("DROP TABLE IF EXISTS _ev")
+        con.execute("RESET memory_limit")
         km.cleanup()
 
 
