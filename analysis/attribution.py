@@ -233,7 +233,6 @@ def attribute_job(con, job: str) -> dict:
             gap_end = s_sorted[nxt[valid]]
             # a gap is bubble only when the p2p op that ends it waited for a peer that was matched
             gap_p2p = gap_p2p & covered(gap_end, *wWb)
-            cut.append(np.clip(gap_launch, w0, w1))
             pts = np.unique(np.concatenate(cut))
             seg_s, seg_e = pts[:-1], pts[1:]
             lab = np.full(seg_s.size, LEDGER_ID["idle"], dtype=np.int8)

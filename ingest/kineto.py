@@ -145,9 +145,6 @@ def sniff_kineto(path: Path, salvage: bool = False) -> KinetoMeta:
                 for mm in re.finditer(rb"\}\s*,\s*(?=\{)", tail):
                     last = mm
                 end_event = toff + last.start() if last else None
-                if end_event is None and km.array_offset + 1 < size:
-                    # small file: the array may hold a single complete event
-                    end_event = None
                 where = f"byte {size}"
                 if not salvage:
                     detail = (f"; last complete event ends at byte {end_event + 1}" if end_event is not None else "")
