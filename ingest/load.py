@@ -56,12 +56,12 @@ def _cat_sql() -> str:
     return f"CASE lower(coalesce(cat, '')) {cases} ELSE lower(coalesce(cat, '')) END"
 
 
-def _arg(key: str) -> str:
-    return f"json_extract_string(args, '$.\"{key}\"')"
+def _arg(key: str, col: str = "args") -> str:
+    return f"json_extract_string({col}, '$.\"{key}\"')"
 
 
-def _arg_int(key: str) -> str:
-    return f"TRY_CAST({_arg(key)} AS BIGINT)"
+def _arg_int(key: str, col: str = "args") -> str:
+    return f"TRY_CAST({_arg(key, col)} AS BIGINT)"
 
 
 def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: bool = False,
@@ -158,7 +158,7 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                                      ROWS UNBOUNDED PRECEDING) - 1 AS depth FROM pts
         )
         SELECT ?, ?, h.pid, h.tid, h.cat, h.name, h.start_ns, h.end_ns,
-               {_arg_int('External id').replace('args', 'h.args')}, {_arg_int('correlation').replace('args', 'h.args')},
+               {_arg_int('External id', 'h.args')}, {_arg_int('correlation', 'h.args')},
                CAST(run.depth AS INTEGER), h.args
         FROM h JOIN run ON run.ord = h.ord ORDER BY h.start_ns, h.ord""", [job, rank])
 
