@@ -8,7 +8,16 @@ $(BIN)/ninefold: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: demo test bench
+# Browser tests drive the system's Chromium (Debian's package); install it when missing.
+CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test bench chromium
+chromium:
+ifeq ($(CHROMIUM),)
+	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium
+endif
+
 demo: $(BIN)/ninefold
 	rm -rf demo_out && mkdir -p demo_out
 	$(BIN)/python -m sample_traces.generate demo_out/sample_job --ranks 4 --steps 3 --seed 0
@@ -17,7 +26,7 @@ demo: $(BIN)/ninefold
 	$(BIN)/ninefold attribute --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold ledgers --db demo_out/ninefold.duckdb --job sample_job
 
-test: $(BIN)/ninefold
+test: $(BIN)/ninefold chromium
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/ninefold

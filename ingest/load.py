@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.kineto import DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.registry import loader_for
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
 from store.schema import PER_TRACE
 
@@ -36,9 +37,12 @@ def discover(paths: list[str | Path]) -> list[tuple[Path, str]]:
     out: list[tuple[Path, str]] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+            from ingest.registry import all_suffixes
+            suffixes = all_suffixes()
+            files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(suffixes))
             if not files:
-                raise TraceFormatError(p, None, "directory holds no trace files (*.json, *.json.gz)")
+                raise TraceFormatError(p, None, "directory holds no trace files ("
+                                       + ", ".join("*" + x for x in suffixes) + ")")
             out.extend((f, p.resolve().name) for f in files)
         elif p.exists():
             out.append((p, p.resolve().parent.name))
@@ -267,10 +271,15 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
     for f, default_job in discover(paths):
         j = job or default_job
         try:
-            r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage)
+            ld = loader_for(f)
+            if ld is not None:
+                r = ld.load(con, f, j, rank=rank, replace=replace, salvage=salvage)
+            else:
+                r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage)
         except NinefoldError as e:
             r = LoadResult(str(f), j, rank, "failed", str(e))
-        results.append(r)
-        if on_result:
-            on_result(r)
+        for one in (r if isinstance(r, list) else [r]):
+            results.append(one)
+            if on_result:
+                on_result(one)
     return results

@@ -128,6 +128,27 @@ def ledgers(db, job, fmt):
                        + f" {w / 1e6:10.3f}")
 
 
+# Each area adds its commands from its own module: ``register(cli)``.
+CLI_MODULES = [
+    "service.cli_sources",   # nsys / NCCL / Flight Recorder extras (hang report ...)
+    "service.cli_model",     # predict, compare
+    "service.cli_web",       # serve, report
+    "service.cli_batch",     # batch
+]
+
+
+def _register_plugins() -> None:
+    import importlib
+    import importlib.util
+
+    for mod in CLI_MODULES:
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod).register(cli)
+
+
+_register_plugins()
+
+
 def main():
     cli()
 
