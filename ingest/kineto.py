@@ -55,7 +55,8 @@ RANK_FROM_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 @dataclass
 class KinetoMeta:
     meta: dict = field(default_factory=dict)
-    slice_path: str = ""          # a file holding exactly the JSON array of events
+    slice_path: str = ""          # a file holding exactly the JSON array of events (the first chunk)
+    chunks: list = field(default_factory=list)   # [(chunk file, document offset of its byte 1)]
     array_offset: int = 0         # byte offset of '[' in the (decompressed) document
     salvaged: bool = False
     cut_at: int | None = None     # byte offset of the truncation when salvaged
@@ -97,7 +98,7 @@ def _find_array_end(tail: bytes, tail_off: int) -> tuple[int, dict] | None:
     return best
 
 
-def sniff_kineto(path: Path, salvage: bool = False) -> KinetoMeta:
+def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None) -> KinetoMeta:
     """Locate the event array and read the metadata; raise TraceFormatError on anything else."""
     path = Path(path)
     if not path.exists():
@@ -162,23 +163,91 @@ def sniff_kineto(path: Path, salvage: bool = False) -> KinetoMeta:
                     km.meta.setdefault(k, v)
                 end += 1
                 closing = b""
-            km.slice_path = str(Path(km.tmpdir) / "events.json")
-            with open(km.slice_path, "wb") as out:
-                f.seek(km.array_offset)
-                remaining = end - km.array_offset
-                while remaining > 0:
-                    chunk = f.read(min(remaining, 1 << 24))
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    remaining -= len(chunk)
-                out.write(closing)
+            _write_chunks(f, km, end, closing, size, n_chunks)
         if doc != path:
             os.unlink(doc)
         return km
     except BaseException:
         km.cleanup()
         raise
+
+
+# An event boundary that cannot lie inside a string: a raw newline never occurs in a JSON string,
+# so '}' ',' <whitespace with a newline> '{' is between tokens. If the '}' closes a nested object
+# instead of an event, the chunk's brackets do not balance and the parse fails; read_events then
+# retries on one unsplit slice, so a wrong split can never change what is stored.
+_BOUNDARY = re.compile(rb"\}[ \t\r]*,[ \t\r]*\n\s*(?=\{)")
+MIN_CHUNK = 16 << 20
+
+
+def _default_chunks() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _write_chunks(f, km: KinetoMeta, end: int, closing: bytes, size: int, n_chunks: int | None) -> None:
+    """Copy the event array [array_offset, end) into chunk files that are each a JSON array.
+
+    Several chunks let DuckDB parse one trace on several cores (its JSON reader is one thread per file).
+    """
+    n = n_chunks or _default_chunks()
+    span = end - km.array_offset
+    n = max(1, min(n, span // max(1, MIN_CHUNK)))
+    cuts = [(km.array_offset, km.array_offset)]
+    for k in range(1, n):
+        target = km.array_offset + span * k // n
+        f.seek(target)
+        window = f.read(1 << 20)
+        m = _BOUNDARY.search(window)
+        if m is None:
+            continue
+        brace = target + m.start()           # the '}' that ends the previous event
+        nxt = target + m.end()               # the '{' that starts the next
+        if brace + 1 <= cuts[-1][1] or nxt >= end:
+            continue
+        cuts.append((brace + 1, nxt))
+    km.chunks = []
+    bounds = []
+    prev_start = km.array_offset
+    for c in cuts[1:]:
+        bounds.append((prev_start, c[0]))
+        prev_start = c[1]
+    bounds.append((prev_start, end))
+    for i, (a, b) in enumerate(bounds):
+        out_path = str(Path(km.tmpdir) / f"events-{i}.json")
+        with open(out_path, "wb") as out:
+            if i > 0:
+                out.write(b"[")
+            f.seek(a)
+            remaining = b - a
+            while remaining > 0:
+                chunk = f.read(min(remaining, 1 << 24))
+                if not chunk:
+                    break
+                out.write(chunk)
+                remaining -= len(chunk)
+            out.write(closing if i == len(bounds) - 1 else b"]")
+        # byte p of this file is document byte a + p (chunk 0 starts at the '[' itself) or a + p - 1
+        km.chunks.append((out_path, a if i == 0 else a - 1))
+    km.slice_path = km.chunks[0][0]
+
+
+def _merge_chunks(km: KinetoMeta) -> None:
+    """Concatenate the chunks back into one JSON array (the exact original slice)."""
+    if len(km.chunks) <= 1:
+        return
+    merged = str(Path(km.tmpdir) / "events.json")
+    with open(merged, "wb") as out:
+        for i, (p, _) in enumerate(km.chunks):
+            with open(p, "rb") as src:
+                data = src.read()
+            if i > 0:
+                data = data[1:]
+            if i < len(km.chunks) - 1:
+                data = data[:-1] + b","
+            out.write(data)
+            os.unlink(p)
+    km.chunks = [(merged, km.array_offset)]
+    km.slice_path = merged
 
 
 def rank_from_meta_or_name(meta: dict, path: Path) -> int | None:
@@ -195,19 +264,32 @@ EVENT_COLUMNS = (
 )
 
 
+def drop_events(con) -> None:
+    con.execute("DROP VIEW IF EXISTS _ev")
+    con.execute("DROP TABLE IF EXISTS _evr")
+
+
 def read_events(con, km: KinetoMeta, path: Path) -> None:
-    """Parse the event array into the temp table ``_ev`` (one row per event)."""
-    con.execute("DROP TABLE IF EXISTS _ev")
+    """Parse the event array into the temp table ``_ev`` (one row per event, ``ord`` in file order)."""
+    drop_events(con)
     try:
+        files = [c[0] for c in km.chunks] or [km.slice_path]
+        # Several chunk files parse in parallel; insertion order (file order, then row order) is kept,
+        # so the table's rowid is the event's position in the document.
         con.execute(
-            f"CREATE TEMP TABLE _ev AS SELECT row_number() OVER () AS ord, * FROM read_json(?, format='array', "
+            f"CREATE TEMP TABLE _evr AS SELECT * FROM read_json(?, format='array', "
             f"maximum_object_size=67108864, columns={EVENT_COLUMNS})",
-            [km.slice_path],
+            [files],
         )
+        con.execute("CREATE TEMP VIEW _ev AS SELECT rowid + 1 AS ord, * FROM _evr")
     except duckdb.InvalidInputException as e:  # a parse error; memory and I/O errors pass through
+        if len(km.chunks) > 1:
+            _merge_chunks(km)       # report the error exactly as for one unsplit array
+            return read_events(con, km, path)
         msg = str(e)
         m = re.search(r"at byte (\d+)", msg)
-        where = f"byte {km.array_offset + int(m.group(1))}" if m else None
+        where = f"byte {km.chunks[0][1] + int(m.group(1))}" if m and km.chunks else (
+            f"byte {km.array_offset + int(m.group(1))}" if m else None)
         reason = msg.split("Error: ", 1)[-1].split("\n")[0]
         reason = re.sub(r' in file "[^"]*"', "", reason)
         raise TraceFormatError(path, where, f"malformed JSON in traceEvents: {reason}") from None

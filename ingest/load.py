@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.kineto import DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.kineto import drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
 from ingest.registry import loader_for
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
 from store.schema import PER_TRACE
@@ -60,11 +60,20 @@ def _cat_sql() -> str:
     return f"CASE lower(coalesce(cat, '')) {cases} ELSE lower(coalesce(cat, '')) END"
 
 
-def _arg(key: str, col: str = "args") -> str:
-    return f"json_extract_string({col}, '$.\"{key}\"')"
+# The args keys the canonical columns come from. Each event's args are parsed once, into a struct
+# of these (as text, exactly what json_extract_string gives), instead of once per extracted column.
+ARG_KEYS = ("device", "stream", "correlation", "External id", "bytes", "Process Group Name",
+            "Process Group Description", "Process Group Ranks", "Seq", "Collective name", "In msg nelems",
+            "Out msg nelems", "dtype", "Group size")
+ARG_SPEC = json.dumps({k: "VARCHAR" for k in ARG_KEYS}).replace("'", "''")
 
 
-def _arg_int(key: str, col: str = "args") -> str:
+def _arg(key: str, col: str = "a") -> str:
+    assert key in ARG_KEYS, key
+    return f'{col}."{key}"'
+
+
+def _arg_int(key: str, col: str = "a") -> str:
     return f"TRY_CAST({_arg(key, col)} AS BIGINT)"
 
 
@@ -90,8 +99,8 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
                                  "pass --replace to overwrite it")
         # Bound DuckDB's memory by the event data's size (spilling to disk past it), so peak RSS stays
         # near the file size however large the trace is.
-        ev_bytes = Path(km.slice_path).stat().st_size
-        con.execute(f"SET memory_limit = '{max(256 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
+        ev_bytes = sum(Path(c[0]).stat().st_size for c in km.chunks)
+        con.execute(f"SET memory_limit = '{max(768 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
         read_events(con, km, path)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -103,7 +112,8 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         msg = "salvaged (file was truncated)" if km.salvaged else ""
         return LoadResult(str(path), job, rank, "stored", msg, counts)
     finally:
-        con.execute("DROP TABLE IF EXISTS _ev")
+        drop_events(con)
+        con.execute("DROP TABLE IF EXISTS _x")
         con.execute("RESET memory_limit")
         km.cleanup()
 
@@ -126,11 +136,12 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
         diags.append(("kineto", "no_base_time", 1, "relative ts with no baseTimeNanoseconds: ranks cannot be "
                       "aligned by wall clock; alignment falls back to collectives"))
 
-    con.execute(f"""CREATE OR REPLACE TEMP VIEW _x AS
+    con.execute("DROP TABLE IF EXISTS _x")
+    con.execute(f"""CREATE TEMP TABLE _x AS
         SELECT ord, {_cat_sql()} AS cat, name, pid, tid,
                {_ns('ts', base)} AS start_ns,
                {_ns('ts', base)} + greatest(CAST(coalesce(dur, 0) * 1000 AS BIGINT), 0) AS end_ns,
-               dur, args
+               dur, args, json_transform(args, '{ARG_SPEC}') AS a
         FROM _ev WHERE ph = 'X' AND ts IS NOT NULL""")
     neg = con.execute("SELECT count(*), any_value(name) FROM _x WHERE dur < 0").fetchone()
     if neg[0]:
@@ -147,8 +158,7 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                {_arg_int('correlation')}, {_arg_int('External id')},
                CASE WHEN cat = 'gpu_memcpy' THEN nullif(regexp_extract(name, 'Memcpy (\\w+)', 1), '') END,
                {_arg_int('bytes')}, args
-        FROM _x WHERE cat IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')
-        ORDER BY start_ns, ord""", [job, rank])
+        FROM _x WHERE cat IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')""", [job, rank])
 
     # host side: every other complete event. Depth on a thread = intervals open at its start.
     con.execute(f"""INSERT INTO host_ops
@@ -162,9 +172,11 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                                      ROWS UNBOUNDED PRECEDING) - 1 AS depth FROM pts
         )
         SELECT ?, ?, h.pid, h.tid, h.cat, h.name, h.start_ns, h.end_ns,
-               {_arg_int('External id', 'h.args')}, {_arg_int('correlation', 'h.args')},
-               CAST(run.depth AS INTEGER), h.args
-        FROM h JOIN run ON run.ord = h.ord ORDER BY h.start_ns, h.ord""", [job, rank])
+               {_arg_int('External id', 'h.a')}, {_arg_int('correlation', 'h.a')},
+               CAST(run.depth AS INTEGER),
+               -- runtime/driver args hold only cbid and the ids already in their own columns
+               CASE WHEN h.cat IN ('cuda_runtime', 'cuda_driver') THEN NULL ELSE h.args END
+        FROM h JOIN run ON run.ord = h.ord""", [job, rank])
 
     con.execute("""INSERT INTO steps
         SELECT ?, ?, CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS INTEGER) AS step,
