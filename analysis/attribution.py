@@ -13,7 +13,10 @@ from analysis.intervals import covered, union
 from analysis.ledgers import LEDGER_ID, LEDGERS
 
 DDL = {
-    "ledger_intervals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, start_ns BIGINT, end_ns BIGINT""",
+    # drill-down keys: the GPU op that the interval is charged to (for an idle/host/io/bubble gap, the op
+    # that ends the gap), and for communication the collective's process group and sequence number
+    "ledger_intervals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, start_ns BIGINT, end_ns BIGINT,
+                           op_name VARCHAR, pg_name VARCHAR, seq BIGINT""",
     "ledger_totals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, ns BIGINT""",
     "step_windows": """job VARCHAR, rank INTEGER, step INTEGER, start_ns BIGINT, end_ns BIGINT""",
     "clock_offsets": """job VARCHAR, rank INTEGER, offset_ns BIGINT, residual_ns BIGINT, n_matched INTEGER""",
@@ -33,6 +36,30 @@ P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 def _ensure_tables(con):
     for t, cols in DDL.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+    for col, typ in (("op_name", "VARCHAR"), ("pg_name", "VARCHAR"), ("seq", "BIGINT")):
+        con.execute(f"ALTER TABLE ledger_intervals ADD COLUMN IF NOT EXISTS {col} {typ}")
+
+
+def _cover_index(fs, fe):
+    """For ops sorted by start (fs, fe): (running max end, index of the op holding it)."""
+    if fs.size == 0:
+        return fe, np.zeros(0, dtype=np.int64)
+    runmax = np.maximum.accumulate(fe)
+    holder = np.maximum.accumulate(np.where(fe >= runmax, np.arange(fe.size), 0))
+    return runmax, holder
+
+
+def _covering(x, fs, runmax, holder):
+    """Index of an op of (fs sorted) that covers each point x, else -1."""
+    out = np.full(x.size, -1, dtype=np.int64)
+    if fs.size == 0:
+        return out
+    i = np.searchsorted(fs, x, side="right") - 1
+    ok = i >= 0
+    ic = np.clip(i, 0, None)
+    ok &= runmax[ic] > x
+    out[ok] = holder[ic[ok]]
+    return out
 
 
 def _align(con, job):
@@ -113,26 +140,37 @@ def attribute_job(con, job: str) -> dict:
     # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
     import pyarrow as pa
 
-    knames = [r[0] for r in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? AND kind = 'kernel' "
-                                        "AND name IS NOT NULL", [job]).fetchall()]
+    knames = [r[0] for r in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? "
+                                        "AND name IS NOT NULL ORDER BY name", [job]).fetchall()]
     rules = [classify_kernel(n) for n in knames]
-    con.register("_kclass", pa.table({"name": pa.array(knames, pa.string()),
+    con.register("_kclass", pa.table({"kid": pa.array(range(len(knames)), pa.int32()),
+                                      "name": pa.array(knames, pa.string()),
                                       "fam": pa.array([1 if r[0] == "comm" else 0 for r in rules], pa.int8()),
                                       "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_())}))
+    pg_names = [r[0] for r in con.execute("SELECT DISTINCT pg_name FROM collectives WHERE job = ? "
+                                          "AND pg_name IS NOT NULL ORDER BY 1", [job]).fetchall()]
+    con.register("_pgs", pa.table({"pgid": pa.array(range(len(pg_names)), pa.int32()),
+                                   "pg_name": pa.array(pg_names, pa.string())}))
     allops = con.execute("""
         WITH launch AS (
             SELECT rank, correlation, min(start_ns) AS launch_ns FROM host_ops
             WHERE job = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
             GROUP BY rank, correlation
         )
+        , ck AS (  -- one collective key per comm kernel (rank, start, kernel name)
+            SELECT rank, start_ns, kernel_name, any_value(pg_name) AS pg_name, any_value(seq) AS seq
+            FROM collectives WHERE job = ? AND source = 'kernel' GROUP BY ALL
+        )
         SELECT g.rank, CASE WHEN g.kind = 'kernel' THEN coalesce(c.fam, 0) ELSE 2 END AS fam,
                coalesce(c.p2p, false) AND g.kind = 'kernel' AS p2p,
-               g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns
+               g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns,
+               coalesce(c.kid, -1) AS kid, coalesce(p.pgid, -1) AS pgid, coalesce(ck.seq, -1) AS seq
         FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation AND l.rank = g.rank
         LEFT JOIN _kclass c ON c.name = g.name
+        LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
+        LEFT JOIN _pgs p ON p.pg_name = ck.pg_name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-        ORDER BY g.rank, g.start_ns""", [job, job]).fetchnumpy()
-    con.unregister("_kclass")
+        ORDER BY g.rank, g.start_ns""", [job, job, job]).fetchnumpy()
     op_rank = np.asarray(allops["rank"], dtype=np.int64)
     hosts = {}
     for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
@@ -153,6 +191,9 @@ def attribute_job(con, job: str) -> dict:
         s = np.asarray(ops["start_ns"], dtype=np.int64)
         e = np.asarray(ops["end_ns"], dtype=np.int64)
         launch = np.asarray(ops["launch_ns"], dtype=np.int64)
+        kid = np.asarray(ops["kid"], dtype=np.int32)
+        pgid = np.asarray(ops["pgid"], dtype=np.int32)
+        oseq = np.asarray(ops["seq"], dtype=np.int64)
 
         def host_union(key):
             hr, hs, he = hosts[key]
@@ -207,6 +248,13 @@ def attribute_job(con, job: str) -> dict:
         s_sorted = s[order]
         is_p2p_next = p2p[order]
         launch_sorted = launch[order]
+        # per family, ops sorted by start, to find the op each segment is charged to
+        fam_ix = {}
+        for fcode, fmask in ((0, comp & ~is_re), (3, is_re), (1, comm), (2, copy)):
+            idx = np.flatnonzero(fmask)
+            idx = idx[np.argsort(s[idx], kind="stable")]
+            rm, hold = _cover_index(s[idx], e[idx])
+            fam_ix[fcode] = (idx, s[idx], rm, hold)
 
         for step, w0, w1 in windows:
             if w1 <= w0:
@@ -233,7 +281,8 @@ def attribute_job(con, job: str) -> dict:
             gap_end = s_sorted[nxt[valid]]
             # a gap is bubble only when the p2p op that ends it waited for a peer that was matched
             gap_p2p = gap_p2p & covered(gap_end, *wWb)
-            pts = np.unique(np.concatenate(cut))
+            pts = np.sort(np.concatenate(cut))
+            pts = pts[np.concatenate(([True], pts[1:] != pts[:-1]))]
             seg_s, seg_e = pts[:-1], pts[1:]
             lab = np.full(seg_s.size, LEDGER_ID["idle"], dtype=np.int8)
             inCn = covered(seg_s, *wCn)
@@ -258,17 +307,31 @@ def attribute_job(con, job: str) -> dict:
                 lab[in_gap & host] = LEDGER_ID["host"]
                 lab[in_gap & gap_p2p[gi_c]] = LEDGER_ID["bubble"]
             lab[gap & covered(seg_s, *wIO)] = LEDGER_ID["io"]
+            # drill-down key: the op each segment is charged to (gaps: the op that ends the gap)
+            op = np.full(seg_s.size, -1, dtype=np.int64)
+            for fcode, fsel in ((0, inCn), (3, inCr), (1, inK), (2, inP)):
+                idx, fs, rm, hold = fam_ix[fcode]
+                if fsel.any():
+                    c = _covering(seg_s[fsel], fs, rm, hold)
+                    op[np.flatnonzero(fsel)] = np.where(c >= 0, idx[np.clip(c, 0, None)], -1)
+            if gap.any():
+                nx = np.searchsorted(s_sorted, seg_e[gap], side="left")
+                op[np.flatnonzero(gap)] = np.where(nx < s_sorted.size, order[np.clip(nx, 0, s_sorted.size - 1)], -1)
             dur = seg_e - seg_s
             # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
             tot = np.bincount(lab, weights=dur, minlength=len(LEDGERS)).astype(np.int64)
             assert int(tot.sum()) == w1 - w0
             for li, name in enumerate(LEDGERS):
                 out_totals.append((job, rank, step, name, int(tot[li])))
-            # merge adjacent segments of one ledger
-            change = np.flatnonzero(np.diff(lab)) + 1
+            # merge adjacent segments of one ledger charged to the same op
+            okey = np.where(op >= 0, kid[np.clip(op, 0, None)], -1)
+            change = np.flatnonzero((np.diff(lab) != 0) | (np.diff(op) != 0)) + 1
             starts = np.concatenate([[0], change])
             ends = np.concatenate([change, [lab.size]])
-            out_intervals.append((rank, step, lab[starts], seg_s[starts], seg_e[ends - 1]))
+            o = op[starts]
+            oc = np.clip(o, 0, None)
+            out_intervals.append((rank, step, lab[starts], seg_s[starts], seg_e[ends - 1],
+                                  okey[starts], np.where(o >= 0, pgid[oc], -1), np.where(o >= 0, oseq[oc], -1)))
             out_windows.append((job, rank, step, w0, w1))
     if out_windows:
 
@@ -281,15 +344,22 @@ def attribute_job(con, job: str) -> dict:
     if out_intervals:
         lab = np.concatenate([x[2] for x in out_intervals])
         tbl = pa.table({
-            "job": pa.array([job] * lab.size, pa.string()),
             "rank": np.concatenate([np.full(len(x[2]), x[0], np.int32) for x in out_intervals]),
             "step": np.concatenate([np.full(len(x[2]), x[1], np.int32) for x in out_intervals]),
-            "ledger": pa.DictionaryArray.from_arrays(pa.array(lab.astype(np.int32)), pa.array(list(LEDGERS))).cast(pa.string()),
+            "lid": lab.astype(np.int8),
             "start_ns": np.concatenate([x[3] for x in out_intervals]),
             "end_ns": np.concatenate([x[4] for x in out_intervals]),
+            "kid": np.concatenate([x[5] for x in out_intervals]).astype(np.int32),
+            "pgid": np.concatenate([x[6] for x in out_intervals]).astype(np.int32),
+            "seq": np.concatenate([x[7] for x in out_intervals]).astype(np.int64),
         })
         con.register("_li", tbl)
-        con.execute("INSERT INTO ledger_intervals SELECT * FROM _li")
+        name_case = " ".join(f"WHEN {i} THEN '{n}'" for i, n in enumerate(LEDGERS))
+        con.execute(f"""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
+            SELECT ?, rank, step, CASE lid {name_case} END, start_ns, end_ns, c.name, p.pg_name,
+                   CASE WHEN _li.seq >= 0 THEN _li.seq END
+            FROM _li LEFT JOIN _kclass c ON c.kid = _li.kid LEFT JOIN _pgs p ON p.pgid = _li.pgid
+            ORDER BY rank, start_ns""", [job])
         con.unregister("_li")
         cols = list(zip(*out_totals))
         tbl = pa.table({"job": cols[0], "rank": cols[1], "step": cols[2], "ledger": cols[3],
@@ -297,6 +367,8 @@ def attribute_job(con, job: str) -> dict:
         con.register("_lt", tbl)
         con.execute("INSERT INTO ledger_totals SELECT * FROM _lt")
         con.unregister("_lt")
+    con.unregister("_kclass")
+    con.unregister("_pgs")
     if unmatched_total:
         con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'unmatched_comm', ?, ?)",
                     [job, unmatched_total, f"comm kernels with no peer trace (world {world}); charged to exposed_comm"])

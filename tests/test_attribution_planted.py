@@ -113,3 +113,29 @@ def test_ledgers_csv_cli(job, tmp_path):
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "rank,step,ledger,ns"
     assert len(lines) == 1 + 4 * 4 * 9
+
+
+def test_intervals_carry_drill_down_keys(job):
+    """Straggler time names the collective (process group, sequence) it waited in; compute names its kernel;
+    a host or io gap names the op that ended it."""
+    con, gt = job
+    s = gt["straggler"]
+    coll = next(c for c in gt["collectives"] if c["step"] == s["step"])
+    for r in range(gt["world_size"]):
+        if r == s["rank"]:
+            continue
+        keys = con.execute("""SELECT DISTINCT pg_name, seq, op_name FROM ledger_intervals
+            WHERE job = 'dp' AND rank = ? AND step = ? AND ledger = 'straggler'""", [r, s["step"]]).fetchall()
+        assert keys == [(coll["process_group"], coll["seq"], coll["kernel_name"])], (r, keys)
+    # every interval but an idle tail has an op; compute intervals name a non-communication kernel
+    missing = con.execute("""SELECT count(*) FROM ledger_intervals WHERE job = 'dp' AND op_name IS NULL
+                             AND ledger <> 'idle'""").fetchone()[0]
+    assert missing == 0
+    comm_named = con.execute("""SELECT count(*) FROM ledger_intervals WHERE job = 'dp' AND ledger = 'compute'
+                                AND op_name LIKE 'nccl%'""").fetchone()[0]
+    assert comm_named == 0
+    # per (rank, step), intervals still tile the window exactly
+    bad = con.execute("""SELECT count(*) FROM (
+        SELECT rank, step, sum(end_ns - start_ns) AS n FROM ledger_intervals WHERE job = 'dp' GROUP BY ALL) i
+        JOIN step_windows w USING (rank, step) WHERE w.job = 'dp' AND n <> w.end_ns - w.start_ns""").fetchone()[0]
+    assert bad == 0
