@@ -264,28 +264,36 @@ EVENT_COLUMNS = (
 )
 
 
-def drop_events(con) -> None:
+def drop_events(con, table: str = "_evr") -> None:
     con.execute("DROP VIEW IF EXISTS _ev")
-    con.execute("DROP TABLE IF EXISTS _evr")
+    con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
-def read_events(con, km: KinetoMeta, path: Path) -> None:
-    """Parse the event array into the temp table ``_ev`` (one row per event, ``ord`` in file order)."""
-    drop_events(con)
+def bind_events(con, table: str = "_evr") -> None:
+    """The view ``_ev`` (one row per event, ``ord`` = position in the document) over a parsed table."""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _ev AS SELECT rowid + 1 AS ord, * FROM {table}")
+
+
+def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
+    """Parse the event array into TABLE (default a temp table) and bind ``_ev`` to it when it is ours."""
+    temp = table == "_evr"
+    if temp:
+        drop_events(con)
     try:
         files = [c[0] for c in km.chunks] or [km.slice_path]
         # Several chunk files parse in parallel; insertion order (file order, then row order) is kept,
         # so the table's rowid is the event's position in the document.
         con.execute(
-            f"CREATE TEMP TABLE _evr AS SELECT * FROM read_json(?, format='array', "
+            f"CREATE {'TEMP ' if temp else ''}TABLE {table} AS SELECT * FROM read_json(?, format='array', "
             f"maximum_object_size=67108864, columns={EVENT_COLUMNS})",
             [files],
         )
-        con.execute("CREATE TEMP VIEW _ev AS SELECT rowid + 1 AS ord, * FROM _evr")
+        if temp:
+            bind_events(con)
     except duckdb.InvalidInputException as e:  # a parse error; memory and I/O errors pass through
         if len(km.chunks) > 1:
             _merge_chunks(km)       # report the error exactly as for one unsplit array
-            return read_events(con, km, path)
+            return read_events(con, km, path, table)
         msg = str(e)
         m = re.search(r"at byte (\d+)", msg)
         where = f"byte {km.chunks[0][1] + int(m.group(1))}" if m and km.chunks else (

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.kineto import drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
 from ingest.registry import loader_for
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
 from store.schema import PER_TRACE
@@ -77,15 +77,58 @@ def _arg_int(key: str, col: str = "a") -> str:
     return f"TRY_CAST({_arg(key, col)} AS BIGINT)"
 
 
-def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: bool = False,
-                salvage: bool = False) -> LoadResult:
+SCRATCH = "nf_scratch"          # an in-memory database where files are parsed ahead, in parallel
+PREFETCH_MAX_BYTES = 64 << 20   # larger files already parse on several cores by themselves
+
+
+@dataclass
+class Prepared:
+    digest: str | None
+    km: object = None
+    table: str | None = None
+    error: BaseException | None = None
+
+
+def prepare_kineto(con, path: Path, salvage: bool, slot: int) -> Prepared:
+    """Hash, locate and parse one file into the scratch database, on a cursor of its own (any thread)."""
     path = Path(path)
-    digest = sha256_of(path) if path.exists() else None
+    cur = con.cursor()
+    try:
+        digest = sha256_of(path) if path.exists() else None
+        try:
+            km = sniff_kineto(path, salvage=salvage)
+        except BaseException as e:
+            return Prepared(digest, error=e)
+        table = f"{SCRATCH}.ev_{slot}"
+        try:
+            cur.execute("SET enable_progress_bar = false")
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+            read_events(cur, km, path, table)
+        except BaseException as e:
+            km.cleanup()
+            return Prepared(digest, error=e)
+        return Prepared(digest, km, table)
+    finally:
+        cur.close()
+
+
+def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: bool = False,
+                salvage: bool = False, prepared: Prepared | None = None) -> LoadResult:
+    path = Path(path)
+    if prepared is not None:
+        digest = prepared.digest
+    else:
+        digest = sha256_of(path) if path.exists() else None
     if digest is not None:
         same = con.execute("SELECT rank FROM traces WHERE job = ? AND sha256 = ?", [job, digest]).fetchone()
         if same is not None:
+            if prepared is not None:
+                _discard(con, prepared)
             return LoadResult(str(path), job, same[0], "unchanged", "already stored (same sha256)")
-    km = sniff_kineto(path, salvage=salvage)
+    if prepared is not None and prepared.error is not None:
+        raise prepared.error
+    km = prepared.km if prepared is not None else sniff_kineto(path, salvage=salvage)
+    table = prepared.table if prepared is not None else "_evr"
     try:
         meta = km.meta
         if rank is None:
@@ -99,9 +142,12 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
                                  "pass --replace to overwrite it")
         # Bound DuckDB's memory by the event data's size (spilling to disk past it), so peak RSS stays
         # near the file size however large the trace is.
-        ev_bytes = sum(Path(c[0]).stat().st_size for c in km.chunks)
-        con.execute(f"SET memory_limit = '{max(768 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
-        read_events(con, km, path)
+        if prepared is None:
+            ev_bytes = sum(Path(c[0]).stat().st_size for c in km.chunks)
+            con.execute(f"SET memory_limit = '{max(768 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
+            read_events(con, km, path)
+        else:
+            bind_events(con, table)
         con.execute("BEGIN TRANSACTION")
         try:
             counts = _insert(con, path, job, rank, meta, km, digest)
@@ -112,10 +158,18 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         msg = "salvaged (file was truncated)" if km.salvaged else ""
         return LoadResult(str(path), job, rank, "stored", msg, counts)
     finally:
-        drop_events(con)
+        drop_events(con, table)
         con.execute("DROP TABLE IF EXISTS _x")
-        con.execute("RESET memory_limit")
+        if prepared is None:
+            con.execute("RESET memory_limit")
         km.cleanup()
+
+
+def _discard(con, prepared: Prepared) -> None:
+    if prepared.table:
+        con.execute(f"DROP TABLE IF EXISTS {prepared.table}")
+    if prepared.km is not None:
+        prepared.km.cleanup()
 
 
 def _insert(con, path, job, rank, meta, km, digest) -> dict:
@@ -280,18 +334,45 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
 def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None) -> list[LoadResult]:
     """Ingest every file; a failing file is reported and does not stop the others."""
     results = []
-    for f, default_job in discover(paths):
-        j = job or default_job
-        try:
-            ld = loader_for(f)
-            if ld is not None:
-                r = ld.load(con, f, j, rank=rank, replace=replace, salvage=salvage)
-            else:
-                r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage)
-        except NinefoldError as e:
-            r = LoadResult(str(f), j, rank, "failed", str(e))
-        for one in (r if isinstance(r, list) else [r]):
-            results.append(one)
-            if on_result:
-                on_result(one)
+    files = discover(paths)
+    loaders = [loader_for(f) for f, _ in files]
+    # Small Kineto files are hashed and parsed two at a time on cursors of their own (both cores) while
+    # this thread writes the previous one; each file is still its own transaction, in order.
+    small = [ld is None and f.exists() and f.stat().st_size <= PREFETCH_MAX_BYTES for (f, _), ld in zip(files, loaders)]
+    futures: dict = {}
+    pool = None
+    if sum(small) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SCRATCH}")
+        pool = ThreadPoolExecutor(max_workers=2)
+
+    def ahead(i):
+        for k in range(i, min(i + 3, len(files))):
+            if small[k] and k not in futures:
+                futures[k] = pool.submit(prepare_kineto, con, files[k][0], salvage, k)
+
+    try:
+        for i, ((f, default_job), ld) in enumerate(zip(files, loaders)):
+            j = job or default_job
+            if pool is not None:
+                ahead(i)
+            try:
+                if ld is not None:
+                    r = ld.load(con, f, j, rank=rank, replace=replace, salvage=salvage)
+                else:
+                    prep = futures.pop(i).result() if i in futures else None
+                    r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage, prepared=prep)
+            except NinefoldError as e:
+                r = LoadResult(str(f), j, rank, "failed", str(e))
+            for one in (r if isinstance(r, list) else [r]):
+                results.append(one)
+                if on_result:
+                    on_result(one)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+            for fut in futures.values():
+                _discard(con, fut.result())
+            con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
     return results

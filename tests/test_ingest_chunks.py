@@ -87,3 +87,31 @@ def test_chunked_truncated_file_reports_document_offset(tmp_path, monkeypatch):
     off = int(msg.split("byte ")[1].split(":")[0].split()[0])
     event_start = bad.rindex("{", 0, bad.index("oops"))
     assert event_start - 200 <= off <= bad.index("oops"), (off, event_start)
+
+
+def test_prefetched_multi_file_ingest_equals_serial(tmp_path, monkeypatch):
+    """Files parsed ahead on other cursors land exactly as when read one by one, each in its own transaction."""
+    import ingest.load as load
+    from ingest.load import ingest_paths
+    from sample_traces.generate import generate
+
+    generate(tmp_path / "job", ranks=4, steps=2, seed=5)
+    files = sorted((tmp_path / "job").glob("rank-*.json*"))
+    bad = tmp_path / "job" / "rank-9.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": ')   # truncated
+    got = {}
+    for mode, limit in (("serial", 0), ("prefetch", load.PREFETCH_MAX_BYTES)):
+        monkeypatch.setattr(load, "PREFETCH_MAX_BYTES", limit)
+        con = connect(tmp_path / f"{mode}.duckdb")
+        res = ingest_paths(con, files + [bad], job="j")
+        assert [r.status for r in res] == ["stored"] * 4 + ["failed"], res
+        assert "rank-9.json" in res[-1].message and "truncated" in res[-1].message
+        got[mode] = {t: _rows(con, t) for t in TABLES}
+        # again: every file unchanged, nothing left in a scratch database
+        res = ingest_paths(con, files, job="j")
+        assert [r.status for r in res] == ["unchanged"] * 4
+        assert con.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = 'nf_scratch'"
+                           ).fetchone()[0] == 0
+        con.close()
+    assert got["serial"] == got["prefetch"]
+    assert len(got["serial"]["gpu_ops"]) > 100
