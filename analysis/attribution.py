@@ -56,7 +56,7 @@ def _covering(x, fs, runmax, holder):
         return out
     i = np.searchsorted(fs, x, side="right") - 1
     ok = i >= 0
-    ic = np.clip(i, 0, None)
+    ic = np.maximum(i, 0)
     ok &= runmax[ic] > x
     out[ok] = holder[ic[ok]]
     return out
@@ -220,7 +220,7 @@ def attribute_job(con, job: str) -> dict:
             st_s = np.array([x[1] for x in steps], dtype=np.int64)
             step_of = np.searchsorted(st_s, launch, side="right") - 1
             st_e = np.array([x[2] for x in steps], dtype=np.int64)
-            inside = (step_of >= 0) & (launch < st_e[np.clip(step_of, 0, None)])
+            inside = (step_of >= 0) & (launch < st_e[np.maximum(step_of, 0)])
             step_of = np.where(inside, step_of, -1)
             ok = step_of >= 0
             n_st = len(steps)
@@ -270,8 +270,8 @@ def attribute_job(con, job: str) -> dict:
             bs, be = wB
             cut = [np.array([w0, w1], dtype=np.int64)]
             for us, ue in (wCn, wCr, wK, wP, wWs, wWb, wIO, wB):
-                cut.append(np.clip(us, w0, w1))
-                cut.append(np.clip(ue, w0, w1))
+                cut.append(np.minimum(np.maximum(us, w0), w1))
+                cut.append(np.minimum(np.maximum(ue, w0), w1))
             # gap ends: the start of each busy interval; next op index at that instant
             nxt = np.searchsorted(s_sorted, be, side="left")  # first op starting at/after a busy end
             valid = nxt < s_sorted.size
@@ -299,7 +299,7 @@ def attribute_job(con, job: str) -> dict:
             # idle gaps: which gap (by the busy interval that ends before it) holds each segment
             gi = np.searchsorted(gap_start, seg_s, side="right") - 1
             has = gap & (gi >= 0)
-            gi_c = np.clip(gi, 0, None)
+            gi_c = np.maximum(gi, 0)
             if gap_start.size:
                 in_gap = has & (seg_s < gap_end[gi_c])
                 # the work that ends the gap was launched after the gap began: the host was late (whole gap)
@@ -313,23 +313,24 @@ def attribute_job(con, job: str) -> dict:
                 idx, fs, rm, hold = fam_ix[fcode]
                 if fsel.any():
                     c = _covering(seg_s[fsel], fs, rm, hold)
-                    op[np.flatnonzero(fsel)] = np.where(c >= 0, idx[np.clip(c, 0, None)], -1)
+                    op[np.flatnonzero(fsel)] = np.where(c >= 0, idx[np.maximum(c, 0)], -1)
             if gap.any():
                 nx = np.searchsorted(s_sorted, seg_e[gap], side="left")
-                op[np.flatnonzero(gap)] = np.where(nx < s_sorted.size, order[np.clip(nx, 0, s_sorted.size - 1)], -1)
+                op[np.flatnonzero(gap)] = np.where(nx < s_sorted.size, order[np.minimum(nx, s_sorted.size - 1)], -1)
             dur = seg_e - seg_s
+            # np.clip is avoided in this loop: its per-call overhead exceeds the work at these sizes
             # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
             tot = np.bincount(lab, weights=dur, minlength=len(LEDGERS)).astype(np.int64)
             assert int(tot.sum()) == w1 - w0
             for li, name in enumerate(LEDGERS):
                 out_totals.append((job, rank, step, name, int(tot[li])))
             # merge adjacent segments of one ledger charged to the same op
-            okey = np.where(op >= 0, kid[np.clip(op, 0, None)], -1)
+            okey = np.where(op >= 0, kid[np.maximum(op, 0)], -1)
             change = np.flatnonzero((np.diff(lab) != 0) | (np.diff(op) != 0)) + 1
             starts = np.concatenate([[0], change])
             ends = np.concatenate([change, [lab.size]])
             o = op[starts]
-            oc = np.clip(o, 0, None)
+            oc = np.maximum(o, 0)
             out_intervals.append((rank, step, lab[starts], seg_s[starts], seg_e[ends - 1],
                                   okey[starts], np.where(o >= 0, pgid[oc], -1), np.where(o >= 0, oseq[oc], -1)))
             out_windows.append((job, rank, step, w0, w1))
@@ -343,23 +344,27 @@ def attribute_job(con, job: str) -> dict:
     n_intervals = sum(len(x[2]) for x in out_intervals)
     if out_intervals:
         lab = np.concatenate([x[2] for x in out_intervals])
+
+        def named(codes, names):
+            # -1 = no name; dictionary-encoded, so no join and no per-row string is built here
+            codes = np.asarray(codes, dtype=np.int32)
+            return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
+
+        seq = np.concatenate([x[7] for x in out_intervals]).astype(np.int64)
         tbl = pa.table({
             "rank": np.concatenate([np.full(len(x[2]), x[0], np.int32) for x in out_intervals]),
             "step": np.concatenate([np.full(len(x[2]), x[1], np.int32) for x in out_intervals]),
-            "lid": lab.astype(np.int8),
+            "ledger": named(lab, list(LEDGERS)),
             "start_ns": np.concatenate([x[3] for x in out_intervals]),
             "end_ns": np.concatenate([x[4] for x in out_intervals]),
-            "kid": np.concatenate([x[5] for x in out_intervals]).astype(np.int32),
-            "pgid": np.concatenate([x[6] for x in out_intervals]).astype(np.int32),
-            "seq": np.concatenate([x[7] for x in out_intervals]).astype(np.int64),
+            "op_name": named(np.concatenate([x[5] for x in out_intervals]), knames),
+            "pg_name": named(np.concatenate([x[6] for x in out_intervals]), pg_names),
+            "seq": pa.array(seq, mask=seq < 0),
         })
         con.register("_li", tbl)
-        name_case = " ".join(f"WHEN {i} THEN '{n}'" for i, n in enumerate(LEDGERS))
-        con.execute(f"""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
-            SELECT ?, rank, step, CASE lid {name_case} END, start_ns, end_ns, c.name, p.pg_name,
-                   CASE WHEN _li.seq >= 0 THEN _li.seq END
-            FROM _li LEFT JOIN _kclass c ON c.kid = _li.kid LEFT JOIN _pgs p ON p.pgid = _li.pgid
-            ORDER BY rank, start_ns""", [job])
+        # produced rank by rank, window by window, in time order: already sorted for range scans
+        con.execute("""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
+            SELECT ?, * FROM _li""", [job])
         con.unregister("_li")
         cols = list(zip(*out_totals))
         tbl = pa.table({"job": cols[0], "rank": cols[1], "step": cols[2], "ledger": cols[3],
