@@ -34,8 +34,11 @@ def ingest(paths, db, job, rank, replace, salvage):
             click.echo(f"FAILED  {r.message}")
         else:
             c = r.counts or {}
-            detail = (f"kernels={c.get('kernel', 0)} memcpy={c.get('memcpy', 0)} memset={c.get('memset', 0)} "
-                      f"steps={c.get('steps', 0)} collectives={c.get('collectives', 0)}") if c else ""
+            if "kernel" in c:   # a profiler trace
+                detail = (f"kernels={c.get('kernel', 0)} memcpy={c.get('memcpy', 0)} memset={c.get('memset', 0)} "
+                          f"steps={c.get('steps', 0)} collectives={c.get('collectives', 0)}")
+            else:               # logs and dumps report their own counters
+                detail = " ".join(f"{k}={v}" for k, v in c.items() if isinstance(v, (int, str)))
             click.echo(f"{r.status.upper():7s} {r.path} job={r.job} rank={r.rank} {detail} {r.message}".rstrip())
 
     try:
@@ -47,7 +50,8 @@ def ingest(paths, db, job, rank, replace, salvage):
     failed = sum(r.status == "failed" for r in results)
     stored = sum(r.status == "stored" for r in results)
     same = sum(r.status == "unchanged" for r in results)
-    click.echo(f"{len(results)} files: {stored} stored, {same} unchanged, {failed} failed "
+    parts = f" ({len(results)} parts)" if len(results) != len({r.path for r in results}) else ""
+    click.echo(f"{len({r.path for r in results})} files{parts}: {stored} stored, {same} unchanged, {failed} failed "
                f"in {time.perf_counter() - t0:.2f}s")
     sys.exit(1 if failed else 0)
 
