@@ -1,0 +1,510 @@
+"""Every SQL the web app and the static report run, as named functions of a connection.
+
+Each returns a polars DataFrame (or a small dict of them). Tables written by later stages
+(``ledger_totals``, ``predicted_ledgers``, ``predicted_memory``, ``uploads`` ...) may be missing: every
+query checks first and returns an empty frame, so a view can say what to run instead of failing.
+
+Times stay integer ns; clocks are aligned with ``clock_offsets`` (aligned = own clock − offset_ns).
+"""
+from __future__ import annotations
+
+import polars as pl
+
+from analysis.ledgers import LEDGERS
+
+NO_PREDICTION = "no prediction stored; run ninefold compare"
+NOT_ATTRIBUTED = "no ledgers stored for this job; run ninefold attribute"
+
+# all-to-all spellings in record_param_comms "Collective name" (c10d op names) and NCCL/DeepEP kernel names
+A2A_COLLS = ("all_to_all", "alltoall", "all_to_allv", "alltoall_base", "all_to_all_single", "alltoallv")
+A2A_SQL = ("(lower(coll) IN (" + ", ".join(f"'{c}'" for c in A2A_COLLS) + ") "
+           "OR kernel_name ILIKE 'nccl%AllToAll%' OR kernel_name ILIKE '%deep_ep::%' "
+           "OR kernel_name ILIKE '%dispatch%' OR kernel_name ILIKE '%combine%')")
+P2P_SQL = "lower(coll) IN ('send', 'recv', 'sendrecv', 'batch_isend_irecv')"
+# expert GEMMs: grouped GEMM kernels, or GEMMs launched inside an expert annotation (see moe())
+EXPERT_KERNEL_SQL = "(name ILIKE '%grouped%gemm%' OR name ILIKE '%gemm%grouped%' OR name ILIKE '%moe%' " \
+                    "OR name ILIKE '%expert%')"
+GEMM_KERNEL_SQL = ("(name ILIKE '%gemm%' OR name ILIKE '%matmul%' OR name ILIKE '%cutlass%' OR name ILIKE '%cublas%' "
+                   "OR name ILIKE '%xmma%' OR name ILIKE '%nvjet%' OR name ILIKE '%wgmma%')")
+
+_LEDGER_ORDER = "CASE ledger " + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(LEDGERS)) + " END"
+
+
+# ---------------------------------------------------------------- helpers
+def tables(con) -> set[str]:
+    rows = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    return {r[0] for r in rows}
+
+
+def has_table(con, name: str) -> bool:
+    return _one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name])[0] > 0
+
+
+def columns(con, name: str) -> list[str]:
+    return [r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                                      "ORDER BY ordinal_position", [name]).fetchall()]
+
+
+def _one(con, sql: str, params=None):
+    """First row or None. fetchall, not fetchone: DuckDB 2 keeps a partly fetched result open on the connection."""
+    rows = con.execute(sql, params or []).fetchall()
+    return rows[0] if rows else None
+
+
+def _pl(con, sql: str, params=None) -> pl.DataFrame:
+    """A polars frame of a query (DuckDB 2 results have no .pl(); relations go to Arrow without a copy)."""
+    return pl.from_arrow(con.sql(sql, params=params or None).to_arrow_table())
+
+
+def _empty(schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def _offsets_cte(con, job_param: str = "?") -> str:
+    """A CTE body giving (rank, offset_ns) for the job; zeros when no offsets were stored."""
+    if has_table(con, "clock_offsets"):
+        return (f"SELECT t.rank, coalesce(o.offset_ns, 0) AS offset_ns FROM traces t "
+                f"LEFT JOIN clock_offsets o ON o.job = t.job AND o.rank = t.rank WHERE t.job = {job_param}")
+    return f"SELECT rank, 0::BIGINT AS offset_ns FROM traces WHERE job = {job_param}"
+
+
+# ---------------------------------------------------------------- jobs
+def jobs(con) -> pl.DataFrame:
+    """One row per job: ranks, status (ingested | attributed | failed), median step time, worst ledger.
+
+    failed = every upload of the job failed (nothing stored); a job other loaders created without Kineto
+    traces counts as ingested.
+
+    worst ledger = the non-compute ledger holding the most time over all ranks and steps."""
+    have = tables(con)
+    attributed = "ledger_totals" in have
+    lt = ("""
+        , lt AS (SELECT job, ledger, sum(ns) AS ns FROM ledger_totals GROUP BY job, ledger)
+        , worst AS (SELECT job, arg_max(ledger, ns) FILTER (ledger <> 'compute') AS worst_ledger,
+                           max(ns) FILTER (ledger <> 'compute') / sum(ns) AS worst_share
+                    FROM lt GROUP BY job)
+        , win AS (SELECT job, rank, step, sum(ns) AS ns FROM ledger_totals GROUP BY job, rank, step)
+        , stepmax AS (SELECT job, step, max(ns) AS ns FROM win GROUP BY job, step)
+        , st AS (SELECT job, median(ns)::BIGINT AS step_ns, count(*) AS n_steps FROM stepmax GROUP BY job)""") \
+        if attributed else ""
+    sel = ("st.step_ns, st.n_steps, worst.worst_ledger, worst.worst_share"
+           if attributed else "NULL::BIGINT AS step_ns, NULL::BIGINT AS n_steps, NULL::VARCHAR AS worst_ledger, "
+                              "NULL::DOUBLE AS worst_share")
+    joins = ("LEFT JOIN st ON st.job = j.job LEFT JOIN worst ON worst.job = j.job" if attributed else "")
+    failed_union = ""
+    if "uploads" in have:
+        failed_union = """
+        UNION ALL
+        SELECT u.job, NULL, 0, 'failed', NULL, NULL, NULL, NULL, max(u.updated_at)::TIMESTAMP, any_value(u.message)
+        FROM uploads u WHERE u.status = 'failed' AND u.job NOT IN (SELECT job FROM jobs) GROUP BY u.job"""
+    fail_msg = ("(SELECT any_value(message) FROM uploads u WHERE u.job = j.job AND u.status = 'failed')"
+                if "uploads" in have else "NULL::VARCHAR")
+    sql = f"""
+        WITH tr AS (SELECT job, count(*) AS n_ranks, max(ingested_at) AS ingested_at FROM traces GROUP BY job)
+        {lt}
+        SELECT j.job, j.world_size, coalesce(tr.n_ranks, 0) AS n_ranks,
+               CASE WHEN {'st.step_ns IS NOT NULL' if attributed else 'false'} THEN 'attributed'
+                    WHEN coalesce(tr.n_ranks, 0) = 0 AND {fail_msg} IS NOT NULL THEN 'failed'
+                    ELSE 'ingested' END AS status,
+               {sel}, coalesce(tr.ingested_at, j.created_at)::TIMESTAMP AS updated_at,
+               {fail_msg} AS message
+        FROM jobs j LEFT JOIN tr ON tr.job = j.job {joins}
+        {failed_union}
+        ORDER BY 1"""
+    return _pl(con, sql)
+
+
+def job_ranks(con, job: str) -> list[int]:
+    return [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
+
+
+def job_steps(con, job: str) -> list[int]:
+    if not has_table(con, "step_windows"):
+        return []
+    return [r[0] for r in con.execute("SELECT DISTINCT step FROM step_windows WHERE job = ? ORDER BY step",
+                                      [job]).fetchall()]
+
+
+def job_summary(con, job: str) -> dict:
+    """Small facts for a page header: ranks, device, steps, diagnostics count."""
+    row = _one(con, """SELECT count(*), any_value(device_name), max(world_size), any_value(backend),
+                              any_value(nccl_version), sum(n_events)
+                       FROM traces WHERE job = ?""", [job])
+    out = {"job": job, "ranks": row[0], "device": row[1], "world_size": row[2], "backend": row[3],
+           "nccl_version": row[4], "events": row[5], "steps": job_steps(con, job)}
+    out["diagnostics"] = _one(con, "SELECT count(*) FROM diagnostics WHERE job = ?", [job])[0]
+    return out
+
+
+def diagnostics(con, job: str) -> pl.DataFrame:
+    return _pl(con, """SELECT rank, source, code, count, example FROM diagnostics WHERE job = ?
+                       ORDER BY source, code, rank NULLS FIRST""", [job])
+
+
+# ---------------------------------------------------------------- overview
+def job_overview(con, job: str) -> pl.DataFrame:
+    """Per rank: mean ns per step of each of the nine ledgers, and step_ns; slowest rank first.
+
+    Wide frame: rank, step_ns, n_steps, then one column per ledger (LEDGERS order)."""
+    schema = {"rank": pl.Int32, "step_ns": pl.Float64, "n_steps": pl.Int64} | {n: pl.Float64 for n in LEDGERS}
+    if not has_table(con, "ledger_totals"):
+        return _empty(schema)
+    pivot = ", ".join(f"sum(ns) FILTER (ledger = '{n}') / count(DISTINCT step) AS \"{n}\"" for n in LEDGERS)
+    df = _pl(con, f"""
+        SELECT rank, sum(ns) / count(DISTINCT step) AS step_ns, count(DISTINCT step) AS n_steps, {pivot}
+        FROM ledger_totals WHERE job = ? GROUP BY rank ORDER BY step_ns DESC, rank""", [job])
+    return df.with_columns([pl.col(n).fill_null(0.0) for n in LEDGERS]) if df.height else _empty(schema)
+
+
+def prediction_config(con, job: str) -> str | None:
+    """The config_sha of the most recently stored prediction for JOB (None when there is none)."""
+    if not has_table(con, "predicted_ledgers"):
+        return None
+    row = _one(con, "SELECT config_sha FROM predicted_ledgers WHERE job = ? ORDER BY rowid DESC LIMIT 1",
+                      [job])
+    return row[0] if row else None
+
+
+def ledger_compare(con, job: str, config_sha: str | None = None) -> pl.DataFrame:
+    """Per ledger: measured and predicted ns per rank-step, residual (measured − predicted) and its share.
+
+    predicted_ns is null when no prediction is stored (view then says NO_PREDICTION)."""
+    schema = {"ledger": pl.Utf8, "measured_ns": pl.Float64, "predicted_ns": pl.Float64,
+              "residual_ns": pl.Float64, "residual_pct": pl.Float64}
+    if not has_table(con, "ledger_totals"):
+        return _empty(schema)
+    cfg = config_sha or prediction_config(con, job)
+    pred = ""
+    if cfg is not None:
+        pred = """, p AS (
+            SELECT ledger, sum(ns) / count(DISTINCT (coalesce(rank, -1), coalesce(step, -1)))::DOUBLE AS ns
+            FROM predicted_ledgers WHERE job = ? AND config_sha = ? GROUP BY ledger)"""
+    params = [job] + ([job, cfg] if cfg is not None else [])
+    df = _pl(con, f"""
+        WITH m AS (
+            SELECT ledger, sum(ns) / count(DISTINCT (rank, step))::DOUBLE AS ns
+            FROM ledger_totals WHERE job = ? GROUP BY ledger) {pred}
+        SELECT m.ledger, m.ns AS measured_ns, {'p.ns' if cfg else 'NULL::DOUBLE'} AS predicted_ns,
+               m.ns - {'p.ns' if cfg else 'NULL::DOUBLE'} AS residual_ns,
+               {'CASE WHEN p.ns > 0 THEN (m.ns - p.ns) / p.ns * 100 END' if cfg else 'NULL::DOUBLE'} AS residual_pct
+        FROM m {'LEFT JOIN p ON p.ledger = m.ledger' if cfg else ''}
+        ORDER BY {_LEDGER_ORDER.replace('ledger', 'm.ledger', 1)}""", params)
+    return df if df.height else _empty(schema)
+
+
+def predicted_overview(con, job: str, config_sha: str | None = None) -> pl.DataFrame:
+    """Per rank: predicted step ns (sum over ledgers, mean over steps); empty when no prediction."""
+    cfg = config_sha or prediction_config(con, job)
+    if cfg is None:
+        return _empty({"rank": pl.Int32, "predicted_step_ns": pl.Float64})
+    return _pl(con, """
+        WITH s AS (SELECT rank, step, sum(ns) AS ns FROM predicted_ledgers WHERE job = ? AND config_sha = ?
+                   GROUP BY rank, step)
+        SELECT rank, avg(ns) AS predicted_step_ns FROM s GROUP BY rank ORDER BY rank NULLS FIRST""", [job, cfg])
+
+
+# ---------------------------------------------------------------- timeline
+def timeline(con, job: str, step: int | None = None, max_rows: int = 20_000, width_px: int = 1600,
+             t0_ns: int | None = None, t1_ns: int | None = None, ranks: tuple[int, int] | None = None
+             ) -> pl.DataFrame:
+    """Ledger intervals of one step, per rank, on the aligned clock, downsampled in SQL.
+
+    The window [t0, t1) (default: the step's union over ranks) is cut into pixel buckets of width
+    bw = span / width_px, widened until ranks × 2 × span / bw ≤ max_rows. An interval at least one
+    bucket long is kept (clipped to the window); shorter ones are pooled per (rank, bucket) and drawn
+    as one bar of the bucket's dominant ledger. Consecutive bars of one ledger are then merged.
+    Columns: rank, ledger, start_ns, end_ns (relative to t0), ns (time of that ledger inside the bar),
+    n (source intervals). At most max_rows rows."""
+    schema = {"rank": pl.Int32, "ledger": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
+              "ns": pl.Int64, "n": pl.Int64}
+    if not has_table(con, "ledger_intervals") or not has_table(con, "step_windows"):
+        return _empty(schema)
+    if step is None:
+        steps = job_steps(con, job)
+        if not steps:
+            return _empty(schema)
+        step = steps[len(steps) // 2]
+    off = _offsets_cte(con)
+    rank_lo, rank_hi = ranks if ranks else (-(2 ** 31), 2 ** 31 - 1)
+    win = _one(con, f"""
+        WITH o AS ({off})
+        SELECT min(w.start_ns - o.offset_ns), max(w.end_ns - o.offset_ns), count(DISTINCT w.rank)
+        FROM step_windows w JOIN o ON o.rank = w.rank
+        WHERE w.job = ? AND w.step = ? AND w.rank BETWEEN ? AND ?""", [job, job, step, rank_lo, rank_hi])
+    if win[0] is None:
+        return _empty(schema)
+    t0 = int(t0_ns) if t0_ns is not None else int(win[0])
+    t1 = int(t1_ns) if t1_ns is not None else int(win[1])
+    n_ranks = max(int(win[2]), 1)
+    span = max(t1 - t0, 1)
+    width = max(1, min(int(width_px), max(1, max_rows // (2 * n_ranks))))
+    bw = max(1, -(-span // width))  # ceil
+    sql = f"""
+        WITH o AS ({_offsets_cte(con, '$job')}),
+        iv AS (
+            SELECT i.rank, i.ledger,
+                   greatest(i.start_ns - o.offset_ns, $t0) - $t0 AS s,
+                   least(i.end_ns - o.offset_ns, $t1) - $t0 AS e
+            FROM ledger_intervals i JOIN o ON o.rank = i.rank
+            WHERE i.job = $job AND i.step = $step AND i.rank BETWEEN $rlo AND $rhi
+              AND i.end_ns - o.offset_ns > $t0 AND i.start_ns - o.offset_ns < $t1
+        ),
+        long AS (SELECT rank, ledger, s, e, e - s AS ns, 1::BIGINT AS n FROM iv WHERE e - s >= $bw),
+        short AS (SELECT rank, s // $bw AS b, ledger, sum(e - s) AS ns, count(*) AS n, min(s) AS s, max(e) AS e
+                  FROM iv WHERE e - s < $bw GROUP BY ALL),
+        pooled AS (
+            SELECT rank, arg_max(ledger, ns) AS ledger, min(s) AS s, max(e) AS e,
+                   max(ns) AS ns, sum(n)::BIGINT AS n
+            FROM short GROUP BY rank, b
+        ),
+        bars AS (SELECT * FROM long UNION ALL SELECT rank, ledger, s, e, ns, n FROM pooled),
+        runs AS (
+            SELECT *, sum(CASE WHEN prev_ledger IS DISTINCT FROM ledger OR prev_e < s THEN 1 ELSE 0 END)
+                      OVER (PARTITION BY rank ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS run
+            FROM (SELECT *, lag(ledger) OVER (PARTITION BY rank ORDER BY s, e) AS prev_ledger,
+                            lag(e) OVER (PARTITION BY rank ORDER BY s, e) AS prev_e FROM bars)
+        )
+        SELECT rank::INTEGER AS rank, ledger, min(s)::BIGINT AS start_ns, max(e)::BIGINT AS end_ns,
+               sum(ns)::BIGINT AS ns, sum(n)::BIGINT AS n
+        FROM runs GROUP BY rank, ledger, run
+        ORDER BY rank, start_ns
+        LIMIT $cap"""
+    df = (_pl(con, sql, {"t0": t0, "t1": t1, "job": job, "step": step, "rlo": rank_lo, "rhi": rank_hi,
+                           "bw": bw, "cap": int(max_rows)}))
+    return df if df.height else _empty(schema)
+
+
+def timeline_window(con, job: str, step: int) -> tuple[int, int] | None:
+    """(t0, t1) of STEP on the aligned clock, over all ranks."""
+    if not has_table(con, "step_windows"):
+        return None
+    row = _one(con, f"""WITH o AS ({_offsets_cte(con)})
+        SELECT min(w.start_ns - o.offset_ns), max(w.end_ns - o.offset_ns)
+        FROM step_windows w JOIN o ON o.rank = w.rank WHERE w.job = ? AND w.step = ?""", [job, job, step])
+    return None if row[0] is None else (int(row[0]), int(row[1]))
+
+
+# ---------------------------------------------------------------- stragglers
+def _arrivals_sql(con, where: str = "true") -> str:
+    """Collective members matched by (pg, seq, p2p-or-not) with ≥ 2 ranks, with aligned arrival/end."""
+    return f"""
+        WITH o AS ({_offsets_cte(con, '$job')}),
+        c AS (
+            SELECT c.rank, c.pg_name, coalesce(c.pg_desc, c.pg_name) AS pg, c.seq, lower(c.coll) AS coll,
+                   c.bytes, c.in_nelems, c.out_nelems, c.start_ns, c.end_ns, c.kernel_name,
+                   c.start_ns - o.offset_ns AS arrival_ns, c.end_ns - o.offset_ns AS end_al_ns,
+                   {P2P_SQL} AS p2p
+            FROM collectives c JOIN o ON o.rank = c.rank
+            WHERE c.job = $job AND c.seq IS NOT NULL AND c.pg_name IS NOT NULL AND c.start_ns IS NOT NULL
+              AND ({where})
+        ),
+        g AS (
+            SELECT *, count(DISTINCT rank) OVER k AS members, max(arrival_ns) OVER k AS last_ns,
+                   min(arrival_ns) OVER k AS first_ns, arg_max(rank, arrival_ns) OVER k AS last_rank
+            FROM c WINDOW k AS (PARTITION BY pg_name, seq, p2p)
+        ),
+        m AS (SELECT *, arrival_ns - first_ns AS skew_ns, greatest(least(last_ns, end_al_ns) - arrival_ns, 0)
+                        AS wait_ns FROM g WHERE members >= 2)"""
+
+
+def straggler_matrix(con, job: str, max_collectives: int = 400) -> pl.DataFrame:
+    """Rank × collective arrival skew: one row per (collective, rank) of matched non-P2P collectives.
+
+    skew_ns = aligned arrival − first arrival of that collective; wait_ns = how long the rank waited for the
+    last member. ``col`` numbers the collectives in aligned-time order; at most max_collectives of them
+    (those with the largest spread when there are more)."""
+    schema = {"col": pl.Int64, "label": pl.Utf8, "pg": pl.Utf8, "seq": pl.Int64, "coll": pl.Utf8,
+              "rank": pl.Int32, "skew_ns": pl.Int64, "wait_ns": pl.Int64, "last_rank": pl.Int32}
+    if not has_table(con, "collectives"):
+        return _empty(schema)
+    df = (_pl(con, _arrivals_sql(con, f"NOT ({P2P_SQL})") + """,
+        k AS (SELECT pg_name, seq, min(first_ns) AS t, max(last_ns) - min(first_ns) AS spread
+              FROM m GROUP BY pg_name, seq),
+        top AS (SELECT * FROM k ORDER BY spread DESC LIMIT $cap),
+        num AS (SELECT pg_name, seq, row_number() OVER (ORDER BY t) - 1 AS col FROM top)
+        SELECT num.col, m.pg || ':' || m.seq || ' ' || m.coll AS label, m.pg, m.seq, m.coll,
+               m.rank::INTEGER AS rank, m.skew_ns::BIGINT AS skew_ns, m.wait_ns::BIGINT AS wait_ns,
+               m.last_rank::INTEGER AS last_rank
+        FROM m JOIN num USING (pg_name, seq) ORDER BY num.col, m.rank""",
+                     {"job": job, "cap": int(max_collectives)}))
+    return df if df.height else _empty(schema)
+
+
+def straggler_ranks(con, job: str, limit: int = 20) -> pl.DataFrame:
+    """The ranks that make others wait most: per rank, the time the other members of the collectives where
+    it arrived last spent waiting for it (caused_wait_ns), how often it was last, and its own wait."""
+    schema = {"rank": pl.Int32, "caused_wait_ns": pl.Int64, "times_last": pl.Int64, "own_wait_ns": pl.Int64,
+              "collectives": pl.Int64}
+    if not has_table(con, "collectives"):
+        return _empty(schema)
+    df = (_pl(con, _arrivals_sql(con, f"NOT ({P2P_SQL})") + """,
+        caused AS (SELECT last_rank AS rank, sum(wait_ns) AS caused_wait_ns,
+                          count(DISTINCT (pg_name, seq)) AS times_last
+                   FROM m WHERE rank <> last_rank GROUP BY last_rank),
+        own AS (SELECT rank, sum(wait_ns) AS own_wait_ns, count(*) AS collectives FROM m GROUP BY rank)
+        SELECT own.rank::INTEGER AS rank, coalesce(caused.caused_wait_ns, 0)::BIGINT AS caused_wait_ns,
+               coalesce(caused.times_last, 0)::BIGINT AS times_last, own.own_wait_ns::BIGINT AS own_wait_ns,
+               own.collectives::BIGINT AS collectives
+        FROM own LEFT JOIN caused USING (rank)
+        ORDER BY caused_wait_ns DESC, rank LIMIT $lim""", {"job": job, "lim": int(limit)}))
+    return df if df.height else _empty(schema)
+
+
+# ---------------------------------------------------------------- MoE
+def moe(con, job: str) -> dict:
+    """The MoE drill-down.
+
+    ranks: per rank all-to-all count, bytes sent (a2a_bytes) and received (a2a_out_bytes), kernel time, wait for the last member, expert GEMM
+    time (grouped-GEMM kernels, or GEMM kernels launched inside an ``*expert*`` host range), step_ns.
+    slowest: the busiest expert rank (largest expert GEMM time; step time breaks ties).
+    ledgers: that rank's mean per-step ledgers against the mean over ranks.
+    predicted_makespan_ns: busiest predicted rank's step (None when no prediction)."""
+    out = {"ranks": _empty({"rank": pl.Int32}), "slowest": None, "ledgers": _empty({"ledger": pl.Utf8}),
+           "predicted_makespan_ns": None, "measured_makespan_ns": None}
+    if not has_table(con, "collectives"):
+        return out
+    n_a2a = _one(con, f"SELECT count(*) FROM collectives WHERE job = ? AND {A2A_SQL}", [job])[0]
+    if not n_a2a:
+        return out
+    a2a = (_pl(con, _arrivals_sql(con, A2A_SQL) + """
+        SELECT rank::INTEGER AS rank, count(*) AS a2a_count, sum(coalesce(bytes, 0))::BIGINT AS a2a_bytes,
+               sum(coalesce(CASE WHEN in_nelems > 0 THEN bytes // in_nelems * out_nelems END, 0))::BIGINT
+                   AS a2a_out_bytes,
+               sum(end_ns - start_ns)::BIGINT AS a2a_ns, sum(wait_ns)::BIGINT AS a2a_wait_ns,
+               count(*) FILTER (rank = last_rank) AS times_last
+        FROM m GROUP BY rank""", {"job": job}))
+    gemm = _pl(con, f"""
+        WITH ex AS (SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND name ILIKE '%expert%'),
+        launch AS (SELECT h.rank, h.correlation, h.start_ns FROM host_ops h
+                   WHERE h.job = ? AND h.cat IN ('cuda_runtime', 'cuda_driver') AND h.correlation IS NOT NULL),
+        k AS (SELECT g.rank, g.name, g.start_ns, g.end_ns, l.start_ns AS launch_ns
+              FROM gpu_ops g LEFT JOIN launch l ON l.rank = g.rank AND l.correlation = g.correlation
+              WHERE g.job = ? AND g.kind = 'kernel' AND {GEMM_KERNEL_SQL.replace('name', 'g.name')}),
+        tagged AS (
+            SELECT k.rank, k.end_ns - k.start_ns AS ns,
+                   {EXPERT_KERNEL_SQL.replace('name', 'k.name')}
+                   OR EXISTS (SELECT 1 FROM ex WHERE ex.rank = k.rank AND k.launch_ns >= ex.start_ns
+                              AND k.launch_ns < ex.end_ns) AS expert
+            FROM k)
+        SELECT rank::INTEGER AS rank, coalesce(sum(ns) FILTER (expert), 0)::BIGINT AS expert_gemm_ns,
+               count(*) FILTER (expert) AS expert_gemms
+        FROM tagged GROUP BY rank""", [job, job, job])
+    ov = job_overview(con, job).select(["rank", "step_ns"])
+    ranks = (pl.DataFrame({"rank": job_ranks(con, job)}, schema={"rank": pl.Int32})
+             .join(a2a.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
+             .join(gemm.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
+             .join(ov.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
+             .with_columns([pl.col(c).fill_null(0) for c in ("a2a_count", "a2a_bytes", "a2a_out_bytes", "a2a_ns",
+                                                             "a2a_wait_ns",
+                                                             "times_last", "expert_gemm_ns", "expert_gemms")])
+             .sort("rank"))
+    out["ranks"] = ranks
+    if ranks.height:
+        key = ranks.sort(["expert_gemm_ns", "step_ns", "a2a_ns"], descending=True, nulls_last=True)
+        out["slowest"] = int(key["rank"][0])
+        out["measured_makespan_ns"] = float(ranks["step_ns"].max()) if ranks["step_ns"].null_count() < ranks.height \
+            else None
+        if has_table(con, "ledger_totals"):
+            out["ledgers"] = _pl(con, f"""
+                WITH r AS (SELECT rank, ledger, sum(ns) / count(DISTINCT step)::DOUBLE AS ns FROM ledger_totals
+                           WHERE job = ? GROUP BY rank, ledger)
+                SELECT ledger, avg(ns) FILTER (rank = ?) AS slowest_ns, avg(ns) AS mean_ns
+                FROM r GROUP BY ledger ORDER BY {_LEDGER_ORDER}""", [job, out["slowest"]])
+    pred = predicted_overview(con, job)
+    if pred.height:
+        out["predicted_makespan_ns"] = float(pred["predicted_step_ns"].max())
+    return out
+
+
+# ---------------------------------------------------------------- pipeline
+def pipeline(con, job: str, step: int | None = None, max_rows: int = 20_000) -> dict:
+    """Pipeline schedule as measured and its bubble against (p−1)/(m+p−1).
+
+    p = ranks joined by P2P send/recv; m = micro-batches = median over (rank, pg) of P2P ops per step / 2
+    (each neighbour pair carries one activation and one gradient per micro-batch).
+    stages: per rank window_ns, compute_ns (compute + recompute), bubble_ns, idle fraction = 1 − compute/window.
+    schedule: the timeline() bars of that step."""
+    out = {"p": 0, "m": 0, "formula": None, "measured": None, "predicted": None,
+           "stages": _empty({"rank": pl.Int32}),
+           "schedule": _empty({"rank": pl.Int32}), "step": step}
+    if not has_table(con, "collectives"):
+        return out
+    pm = _one(con, f"""
+        WITH p2p AS (SELECT rank, pg_name, count(*) AS n FROM collectives
+                     WHERE job = ? AND {P2P_SQL} AND pg_name IS NOT NULL GROUP BY rank, pg_name),
+        ns AS (SELECT greatest(count(DISTINCT step), 1) AS n FROM steps WHERE job = ?)
+        SELECT count(DISTINCT rank), median(n) / (SELECT n FROM ns) / 2 FROM p2p""", [job, job])
+    if not pm[0]:
+        return out
+    p, m = int(pm[0]), int(round(pm[1] or 0))
+    out["p"], out["m"] = p, m
+    out["formula"] = (p - 1) / (m + p - 1) if m + p - 1 > 0 else None
+    if has_table(con, "ledger_totals"):
+        steps = job_steps(con, job)
+        if step is None and steps:
+            step = steps[0]
+        out["step"] = step
+        st = _pl(con, """
+            SELECT rank, sum(ns)::BIGINT AS window_ns,
+                   coalesce(sum(ns) FILTER (ledger IN ('compute', 'recompute')), 0)::BIGINT AS compute_ns,
+                   coalesce(sum(ns) FILTER (ledger = 'bubble'), 0)::BIGINT AS bubble_ns,
+                   coalesce(sum(ns) FILTER (ledger = 'idle'), 0)::BIGINT AS idle_ns
+            FROM ledger_totals WHERE job = ? AND step = ? GROUP BY rank ORDER BY rank""", [job, step])
+        st = st.with_columns((1 - pl.col("compute_ns") / pl.col("window_ns")).alias("non_compute_fraction"),
+                             (pl.col("bubble_ns") / pl.col("window_ns")).alias("bubble_fraction"))
+        out["stages"] = st
+        if st.height:
+            # the pipeline's bubble: the mean non-compute share of a stage's step window
+            out["measured"] = float(st["non_compute_fraction"].mean())
+        out["schedule"] = timeline(con, job, step, max_rows=max_rows)
+    pred = ledger_compare(con, job)
+    if pred.height and pred["predicted_ns"].null_count() < pred.height:
+        tot = pred["predicted_ns"].sum()
+        b = pred.filter(pl.col("ledger") == "bubble")["predicted_ns"]
+        out["predicted"] = float(b[0] / tot) if tot and b.len() and b[0] is not None else None
+    return out
+
+
+# ---------------------------------------------------------------- memory
+MEMORY_EVENT_TABLES = ("memory_events",)
+MEMORY_TOTAL_COLUMNS = ("total_allocated", "total_allocated_bytes", "allocated_bytes", "bytes_allocated")
+
+
+def memory(con, job: str) -> dict:
+    """predicted: predicted_memory rows (rank, item, bytes); measured: per rank peak allocated bytes from the
+    trace's memory events when a memory-event table is stored. Either may be empty."""
+    out = {"predicted": _empty({"rank": pl.Int32, "item": pl.Utf8, "bytes": pl.Int64}),
+           "measured": _empty({"rank": pl.Int32, "peak_bytes": pl.Int64})}
+    if has_table(con, "predicted_memory"):
+        out["predicted"] = _pl(con, """SELECT rank, item, sum(bytes)::BIGINT AS bytes FROM predicted_memory
+                                       WHERE job = ? GROUP BY rank, item ORDER BY rank NULLS FIRST, item""", [job])
+    for t in MEMORY_EVENT_TABLES:
+        if not has_table(con, t):
+            continue
+        cols = columns(con, t)
+        col = next((c for c in MEMORY_TOTAL_COLUMNS if c in cols), None)
+        if col and "job" in cols and "rank" in cols:
+            out["measured"] = _pl(con, f"""SELECT rank::INTEGER AS rank, max({col})::BIGINT AS peak_bytes
+                                           FROM {t} WHERE job = ? GROUP BY rank ORDER BY rank""", [job])
+            break
+    return out
+
+
+# ---------------------------------------------------------------- compare
+def compare_jobs(con, a: str, b: str) -> pl.DataFrame:
+    """Per ledger: mean ns per rank-step in job A and in job B, delta (B − A) and its share of A's step."""
+    schema = {"ledger": pl.Utf8, "a_ns": pl.Float64, "b_ns": pl.Float64, "delta_ns": pl.Float64,
+              "delta_pct_of_step": pl.Float64}
+    if not has_table(con, "ledger_totals"):
+        return _empty(schema)
+    df = _pl(con, f"""
+        WITH m AS (SELECT job, ledger, sum(ns) / count(DISTINCT (rank, step))::DOUBLE AS ns
+                   FROM ledger_totals WHERE job IN (?, ?) GROUP BY job, ledger),
+        l AS (SELECT unnest(?::VARCHAR[]) AS ledger),
+        w AS (SELECT sum(ns) AS step FROM m WHERE job = ?)
+        SELECT l.ledger, coalesce(a.ns, 0) AS a_ns, coalesce(b.ns, 0) AS b_ns,
+               coalesce(b.ns, 0) - coalesce(a.ns, 0) AS delta_ns,
+               (coalesce(b.ns, 0) - coalesce(a.ns, 0)) / nullif((SELECT step FROM w), 0) * 100 AS delta_pct_of_step
+        FROM l LEFT JOIN m a ON a.ledger = l.ledger AND a.job = ? LEFT JOIN m b ON b.ledger = l.ledger AND b.job = ?
+        ORDER BY {_LEDGER_ORDER.replace('ledger', 'l.ledger', 1)}""", [a, b, list(LEDGERS), a, a, b])
+    return df

@@ -1,0 +1,99 @@
+"""Self-contained offline HTML report of one job: every view, BokehJS and CSS inline, no network needed.
+
+    write_report(db_path, job, out_path) -> Path
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from pathlib import Path
+
+from bokeh.embed import file_html
+from bokeh.layouts import column
+from bokeh.resources import INLINE
+
+from dashboards import queries
+from dashboards.data_store import read_connection
+from dashboards.style import esc, fmt_ns, html_table, ledger_legend_html, note
+from dashboards.views import memory, moe, overview, pipeline, stragglers, timeline
+from dashboards.views._common import div
+from store.errors import NinefoldError
+
+REPORT_ROOT = "ninefold_report"
+
+
+class UnknownJob(NinefoldError):
+    pass
+
+
+def load_all(con, job: str, timeline_rows: int = 20_000) -> dict:
+    """Everything the report shows, through the named queries on one read-only connection."""
+    known = queries.jobs(con)
+    if job not in known["job"].to_list():
+        names = ", ".join(known["job"].to_list()) or "none"
+        raise UnknownJob(f"job {job!r} is not in the store (jobs: {names})")
+    return {
+        "job": job,
+        "summary": queries.job_summary(con, job),
+        "status": known.filter(known["job"] == job).row(0, named=True),
+        "overview": overview.load(con, job),
+        "timeline": timeline.load(con, job, max_rows=timeline_rows),
+        "stragglers": stragglers.load(con, job),
+        "moe": moe.load(con, job),
+        "pipeline": pipeline.load(con, job),
+        "memory": memory.load(con, job),
+        "diagnostics": queries.diagnostics(con, job),
+    }
+
+
+def _header(data) -> str:
+    s, st = data["summary"], data["status"]
+    facts = [["ranks", s["ranks"]], ["world size", s["world_size"] or "–"], ["device", s["device"] or "–"],
+             ["backend", s["backend"] or "–"], ["NCCL", s["nccl_version"] or "–"],
+             ["steps", ", ".join(map(str, s["steps"])) or "–"], ["status", st["status"]],
+             ["median step", fmt_ns(st["step_ns"])], ["worst ledger", st["worst_ledger"] or "–"],
+             ["trace events", s["events"]]]
+    made = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"<h1 class='nf'>ninefold report: {esc(data['job'])}</h1>"
+            + html_table(["", ""], facts) + note(f"generated {made}") + ledger_legend_html())
+
+
+def _diagnostics(data) -> str:
+    d = data["diagnostics"]
+    if d.height == 0:
+        return "<h2 class='nf'>Diagnostics</h2>" + note("no diagnostics recorded")
+    rows = [["–" if r["rank"] is None else r["rank"], r["source"], r["code"], r["count"], r["example"]]
+            for r in d.iter_rows(named=True)]
+    return "<h2 class='nf'>Diagnostics</h2>" + html_table(["rank", "source", "code", "count", "example"], rows)
+
+
+def render(data):
+    """The report's Bokeh layout (one column of every section)."""
+    models = [div(_header(data))]
+    models += overview.render(data["overview"])
+    models += timeline.render(data["timeline"])
+    models += stragglers.render(data["stragglers"])
+    models += moe.render(data["moe"])
+    models += pipeline.render(data["pipeline"])
+    models += memory.render(data["memory"])
+    models.append(div(_diagnostics(data)))
+    return column(*models, sizing_mode="stretch_width", name=REPORT_ROOT)
+
+
+def write_report(db_path, job: str, out_path) -> Path:
+    """Write ONE self-contained HTML file for JOB (atomically: a temp file renamed into place)."""
+    with read_connection(db_path) as con:
+        data = load_all(con, job)
+    html = file_html(render(data), resources=INLINE, title=f"ninefold report: {job}")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(html)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

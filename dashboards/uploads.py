@@ -1,0 +1,244 @@
+"""Uploaded trace files: stored content-addressed, recorded in a manifest, ingested by one background writer.
+
+Layout beside the store::
+
+    <db dir>/uploads/<sha256>/<name>      the file, written once (a second upload of the same bytes is a no-op)
+    <db dir>/uploads/manifest.jsonl       one line per event {sha256, name, job, status, message, ...}
+    <db dir>/uploads/.partial/            chunks of uploads still arriving
+
+The manifest is appended (and fsynced) the moment a file is complete, before any ingest starts, so a page reload
+or a server restart never loses a finished upload; on start the writer re-queues every upload whose last status
+is not final. Status: queued → ingesting → attributing → attributed | unchanged | failed. The writer mirrors each
+status into the store's ``uploads`` table, which the jobs query reads (failed uploads show as failed jobs).
+
+The writer is the only code in the server process that opens the store read-write; see ``data_store`` for the
+locking design.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import queue
+import re
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from dashboards.data_store import GATE, bump_generation
+from store.errors import NinefoldError
+
+UPLOAD_SUFFIXES = (".json", ".json.gz", ".sqlite", ".log", ".txt", ".nsys-rep.sqlite")
+FINAL = ("attributed", "unchanged", "failed")
+UPLOADS_DDL = """job VARCHAR, sha256 VARCHAR, name VARCHAR, path VARCHAR, bytes BIGINT, status VARCHAR,
+                 message VARCHAR, updated_at TIMESTAMP"""
+_NAME_OK = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def safe_name(name: str) -> str:
+    """The base name of an uploaded file with anything odd replaced (no paths, no leading dots)."""
+    base = Path(str(name).replace("\\", "/")).name
+    base = _NAME_OK.sub("_", base).lstrip(".") or "upload"
+    return base[:200]
+
+
+def safe_job(job: str) -> str:
+    j = _NAME_OK.sub("_", (job or "").strip()).strip("._")
+    if not j:
+        raise NinefoldError("a job name is needed for an upload (letters, digits, . _ + -)")
+    return j[:100]
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="milliseconds")
+
+
+class UploadStore:
+    def __init__(self, db_path, max_bytes: int = 2 << 30):
+        self.db_path = Path(db_path)
+        self.root = self.db_path.resolve().parent / "uploads"
+        self.partial = self.root / ".partial"
+        self.manifest = self.root / "manifest.jsonl"
+        self.max_bytes = int(max_bytes)
+        self._lock = threading.Lock()
+        self.partial.mkdir(parents=True, exist_ok=True)
+
+    # -------------------------------------------------------------- manifest
+    def record(self, **entry) -> dict:
+        entry.setdefault("ts", _now())
+        line = json.dumps(entry, sort_keys=True)
+        with self._lock, open(self.manifest, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return entry
+
+    def entries(self) -> list[dict]:
+        """Latest state of every upload (by sha256 and job), oldest first."""
+        if not self.manifest.exists():
+            return []
+        latest: dict = {}
+        with self._lock, open(self.manifest, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line after a crash
+                key = (e.get("sha256"), e.get("job"))
+                if key in latest:
+                    merged = dict(latest[key])
+                    merged.update(e)
+                    merged["first_ts"] = latest[key].get("first_ts", latest[key].get("ts"))
+                    latest[key] = merged
+                else:
+                    e["first_ts"] = e.get("ts")
+                    latest[key] = e
+        return sorted(latest.values(), key=lambda e: e.get("first_ts") or "")
+
+    # -------------------------------------------------------------- files
+    def path_for(self, sha: str, name: str) -> Path:
+        return self.root / sha / safe_name(name)
+
+    def store_bytes(self, name: str, data: bytes, job: str) -> dict:
+        """Store a complete file given as bytes; returns its manifest entry."""
+        w = ChunkWriter(self, name, job)
+        w.write(data)
+        return w.finish()
+
+    def check_name(self, name: str) -> None:
+        if not safe_name(name).lower().endswith(UPLOAD_SUFFIXES):
+            raise NinefoldError(f"{name}: not a trace file this server takes ("
+                                + ", ".join(UPLOAD_SUFFIXES[:4]) + ")")
+
+
+class ChunkWriter:
+    """One upload arriving in chunks: streamed to .partial/ with a running sha256, then moved into place."""
+
+    def __init__(self, store: UploadStore, name: str, job: str):
+        store.check_name(name)
+        self.store = store
+        self.name = safe_name(name)
+        self.job = safe_job(job)
+        self.h = hashlib.sha256()
+        self.size = 0
+        self.tmp = store.partial / f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}-{self.name}"
+        self.fh = open(self.tmp, "wb")
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.store.max_bytes:
+            self.abort()
+            raise NinefoldError(f"{self.name}: larger than this server's upload limit of "
+                                f"{self.store.max_bytes} bytes")
+        self.h.update(data)
+        self.fh.write(data)
+
+    def abort(self) -> None:
+        try:
+            self.fh.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def finish(self) -> dict:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        sha = self.h.hexdigest()
+        dest = self.store.path_for(sha, self.name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            self.tmp.unlink(missing_ok=True)  # same bytes already stored
+        else:
+            os.replace(self.tmp, dest)
+        return self.store.record(sha256=sha, name=self.name, job=self.job, path=str(dest), bytes=self.size,
+                                 status="queued", message="")
+
+
+class Writer:
+    """The single background writer of the server process: ingest + attribute one upload at a time."""
+
+    def __init__(self, store: UploadStore, on_change=None):
+        self.store = store
+        self.q: queue.Queue = queue.Queue()
+        self.on_change = on_change
+        self.current: dict | None = None
+        self._thread = threading.Thread(target=self._run, name="ninefold-writer", daemon=True)
+        self._stop = threading.Event()
+
+    def start(self, requeue: bool = True) -> "Writer":
+        if requeue:
+            for e in self.store.entries():
+                if e.get("status") not in FINAL and e.get("path") and Path(e["path"]).exists():
+                    self.q.put(e)
+        self._thread.start()
+        return self
+
+    def submit(self, entry: dict) -> None:
+        self.q.put(entry)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.q.put(None)
+
+    def idle(self) -> bool:
+        return self.q.empty() and self.current is None
+
+    def _status(self, con, e: dict, status: str, message: str = "") -> None:
+        e = dict(e, status=status, message=message)
+        self.store.record(sha256=e["sha256"], name=e["name"], job=e["job"], path=e["path"],
+                          bytes=e.get("bytes"), status=status, message=message)
+        if con is not None:
+            con.execute("DELETE FROM uploads WHERE sha256 = ? AND job = ?", [e["sha256"], e["job"]])
+            con.execute("INSERT INTO uploads VALUES (?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                        [e["job"], e["sha256"], e["name"], e["path"], e.get("bytes"), status, message])
+        if self.on_change:
+            self.on_change(e)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            e = self.q.get()
+            if e is None:
+                break
+            self.current = e
+            try:
+                self._process(e)
+            except Exception as exc:  # never let the writer die; the upload shows the error
+                try:
+                    self._status(None, e, "failed", f"{type(exc).__name__}: {exc}")
+                except Exception:
+                    traceback.print_exc()
+            finally:
+                self.current = None
+                bump_generation()
+
+    def _process(self, e: dict) -> None:
+        from analysis.attribution import attribute_job
+        from ingest.load import ingest_paths
+        from store.connection import connect
+
+        with GATE.write():
+            con = connect(self.store.db_path)
+            try:
+                con.execute(f"CREATE TABLE IF NOT EXISTS uploads ({UPLOADS_DDL})")
+                self._status(con, e, "ingesting")
+                try:
+                    results = ingest_paths(con, [e["path"]], job=e["job"])
+                except NinefoldError as err:
+                    self._status(con, e, "failed", str(err))
+                    return
+                failed = [r for r in results if r.status == "failed"]
+                if failed:
+                    self._status(con, e, "failed", "; ".join(r.message for r in failed))
+                    return
+                if all(r.status == "unchanged" for r in results):
+                    self._status(con, e, "unchanged", "already stored (same sha256)")
+                    return
+                self._status(con, e, "attributing")
+                r = attribute_job(con, e["job"])
+                ranks = sorted({x.rank for x in results if x.rank is not None})
+                self._status(con, e, "attributed", f"rank {', '.join(map(str, ranks))}: "
+                                                   f"{r['intervals']} ledger intervals")
+            finally:
+                con.close()

@@ -1,0 +1,100 @@
+"""Job overview: the nine ledgers stacked per rank (slowest rank first), measured against predicted."""
+from __future__ import annotations
+
+import numpy as np
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, NumeralTickFormatter
+from bokeh.plotting import figure
+from bokeh.transform import dodge
+
+from analysis.ledgers import LEDGERS
+from dashboards import queries
+from dashboards.style import LEDGER_COLORS, PALETTE, PREDICTED_COLOR, fmt_ns, html_table, note
+from dashboards.views._common import div
+
+PLOT_NAME = "overview_ledgers"
+
+
+def load(con, job: str) -> dict:
+    return {"job": job, "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
+            "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job)}
+
+
+def ledger_figure(ranks, height: int = 360):
+    """vbar_stack of the nine ledgers (ms per step), one bar per rank at x = position in step-time order.
+
+    Numeric x (not one categorical factor per rank) keeps the axis and the glyphs cheap at 1,000+ ranks."""
+    n = ranks.height
+    pos = np.arange(n)
+    data = {"pos": pos, "rank": ranks["rank"].to_numpy(), "step_ms": ranks["step_ns"].to_numpy() / 1e6}
+    for name in LEDGERS:
+        data[name] = ranks[name].to_numpy() / 1e6
+    src = ColumnDataSource(data)
+    p = figure(height=height, sizing_mode="stretch_width", name=PLOT_NAME,
+               title=f"ledgers per rank, mean per step ({n} ranks, slowest first)",
+               x_range=(-0.5, max(n, 1) - 0.5), tools="xpan,xwheel_zoom,box_zoom,reset,save",
+               output_backend="canvas")
+    p.vbar_stack(list(LEDGERS), x="pos", width=0.9 if n < 200 else 1.0, color=PALETTE, source=src,
+                 legend_label=list(LEDGERS), line_width=0 if n >= 200 else 0.5)
+    p.add_tools(HoverTool(tooltips=[("rank", "@rank"), ("step", "@step_ms{0.000} ms")]
+                          + [(name, f"@{name}{{0.000}} ms") for name in LEDGERS]))
+    p.xaxis.axis_label = "ranks by step time (slowest left); hover for the rank"
+    p.yaxis.axis_label = "ms per step"
+    p.legend.orientation = "horizontal"
+    p.legend.location = "top_right"
+    p.legend.label_text_font_size = "9pt"
+    p.add_layout(p.legend[0], "below")
+    if n <= 64:
+        p.xaxis.ticker = list(range(n))
+        p.xaxis.major_label_overrides = {i: str(r) for i, r in enumerate(data["rank"])}
+        p.xaxis.axis_label = "rank (slowest left)"
+    return p
+
+
+def compare_figure(cmp, height: int = 300):
+    """Measured vs predicted ns per ledger, side by side."""
+    led = cmp["ledger"].to_list()
+    src = ColumnDataSource({"ledger": led, "measured": cmp["measured_ns"].to_numpy() / 1e6,
+                            "predicted": cmp["predicted_ns"].fill_null(0).to_numpy() / 1e6,
+                            "color": [LEDGER_COLORS[x] for x in led]})
+    p = figure(x_range=FactorRange(*led), height=height, sizing_mode="stretch_width",
+               title="measured vs predicted, ms per rank-step", tools="save", name="overview_compare")
+    p.vbar(x=dodge("ledger", -0.18, range=p.x_range), top="measured", width=0.34, color="color", source=src,
+           legend_label="measured")
+    p.vbar(x=dodge("ledger", 0.18, range=p.x_range), top="predicted", width=0.34, color=PREDICTED_COLOR,
+           source=src, legend_label="predicted", fill_alpha=0.7)
+    p.yaxis.formatter = NumeralTickFormatter(format="0.[000]")
+    p.add_tools(HoverTool(tooltips=[("ledger", "@ledger"), ("measured", "@measured{0.000} ms"),
+                                    ("predicted", "@predicted{0.000} ms")]))
+    return p
+
+
+def compare_html(data) -> str:
+    cmp = data["compare"]
+    if cmp.height == 0:
+        return note(queries.NOT_ATTRIBUTED, "warn")
+    has_pred = cmp["predicted_ns"].null_count() < cmp.height
+    rows = [[r["ledger"], fmt_ns(r["measured_ns"]), fmt_ns(r["predicted_ns"]), fmt_ns(r["residual_ns"]),
+             "–" if r["residual_pct"] is None else f"{r['residual_pct']:+.1f} %"]
+            for r in cmp.iter_rows(named=True)]
+    out = html_table(["ledger", "measured / rank-step", "predicted", "residual", "residual %"], rows)
+    if not has_pred:
+        out = note(queries.NO_PREDICTION) + out
+    else:
+        out = note(f"prediction config {data['config_sha']}") + out
+    return out
+
+
+def render(data):
+    ranks = data["ranks"]
+    if ranks.height == 0:
+        return [div(f"<h2 class='nf'>Overview: {data['job']}</h2>" + note(queries.NOT_ATTRIBUTED, "warn"))]
+    slow = ranks.row(0, named=True)
+    head = (f"<h2 class='nf'>Overview: {data['job']}</h2>"
+            + note(f"{ranks.height} ranks; slowest rank {slow['rank']} at {fmt_ns(slow['step_ns'])} per step over "
+                   f"{slow['n_steps']} steps"))
+    out = [div(head), ledger_figure(ranks)]
+    cmp = data["compare"]
+    if cmp.height and cmp["predicted_ns"].null_count() < cmp.height:
+        out.append(compare_figure(cmp))
+    out.append(div(compare_html(data)))
+    return out

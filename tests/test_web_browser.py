@@ -1,0 +1,198 @@
+"""The web app and the static report in a real browser (Debian's Chromium driven by Playwright), and the
+server's authentication over HTTP."""
+import base64
+import io
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dashboards.demo import build_demo_store, sample_files
+from dashboards.report import write_report
+from dashboards.style import LEDGER_COLORS
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+TOKEN = "tok-5f3a9c1e"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(db, *extra):
+    port = _free_port()
+    log = open(Path(db).parent / f"serve-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--db", str(db), "--port", str(port),
+                             *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    t0 = time.monotonic()
+    while True:
+        assert proc.poll() is None, Path(log.name).read_text()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            assert time.monotonic() - t0 < 60, "server did not start"
+            time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _status(url, headers=None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=20) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _colours(png: bytes) -> set:
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    return {c for _, c in img.getcolors(maxcolors=1 << 22)}
+
+
+def _hex(c: str) -> tuple:
+    return tuple(int(c[i:i + 2], 16) for i in (1, 3, 5))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("web")
+    build_demo_store(d / "web.duckdb", d, jobs=("moe4",))
+    return d / "web.duckdb"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    proc, url = _serve(store)
+    yield url
+    _stop(proc)
+
+
+def test_upload_shows_overview_then_moe_drilldown(server, browser, store):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    remote = []
+    page.on("request", lambda r: remote.append(r.url)
+            if r.url.split(":", 1)[0] in ("http", "https", "ws", "wss") and not r.url.startswith(server) else None)
+    page.goto(f"{server}/?upload_job=dp4up")
+    page.get_by_text("Upload", exact=True).click()
+    page.locator(".nf-tab-upload input[type=file]").set_input_files([str(p) for p in sample_files("dp4")])
+    # ingest + attribute in the background, then the page switches to the new job's overview
+    plot = page.locator(".nf-tab-overview canvas").first
+    plot.wait_for(state="visible", timeout=90_000)
+    assert page.locator("select").first.input_value() == "dp4up"
+    page.wait_for_timeout(500)
+    area = page.locator(".nf-tab-overview").first
+    area.get_by_text("Overview: dp4up").wait_for(timeout=5_000)  # text inside Bokeh's shadow DOM
+    cols = _colours(area.screenshot())
+    assert len(cols) > 20
+    assert _hex(LEDGER_COLORS["compute"]) in cols  # the stacked bars were drawn
+    # the uploads are listed, and a reload does not lose them
+    page.reload()
+    page.get_by_text("Upload", exact=True).click()
+    listing = page.locator(".nf-uploads").first
+    listing.wait_for(timeout=20_000)
+    assert listing.get_by_text("attributed", exact=True).count() == 4
+    # the MoE drill-down of the other job
+    page.locator("select").first.select_option("moe4")
+    page.get_by_text("MoE", exact=True).click()
+    moe = page.locator(".nf-tab-moe canvas").first
+    moe.wait_for(state="visible", timeout=30_000)
+    page.locator(".nf-tab-moe").first.get_by_text("slowest MoE rank 2").wait_for(timeout=5_000)
+    assert len(_colours(page.locator(".nf-tab-moe").first.screenshot())) > 10
+    assert remote == []
+    page.close()
+
+
+def test_static_report_renders_offline(browser, tmp_path):
+    db = tmp_path / "r.duckdb"
+    build_demo_store(db, tmp_path, jobs=("dp4",))
+    out = write_report(db, "dp4", tmp_path / "dp4.html")
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    attempted = []
+
+    def route(r):
+        if r.request.url.startswith("file://"):
+            r.continue_()
+        else:
+            attempted.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(out.as_uri())
+    page.locator("[data-root-id]").first.wait_for(state="attached", timeout=20_000)
+    canvas = page.locator("canvas").first
+    canvas.wait_for(state="visible", timeout=20_000)
+    page.wait_for_timeout(500)
+    assert page.locator("canvas").count() >= 3
+    page.get_by_text("Overview: dp4").wait_for(timeout=5_000)
+    cols = _colours(page.screenshot())
+    assert len(cols) > 20 and _hex(LEDGER_COLORS["compute"]) in cols
+    assert attempted == [] and errors == []
+    page.close()
+
+
+def test_token_auth(store, browser):
+    proc, url = _serve(store, "--token", TOKEN)
+    try:
+        assert _status(url + "/") in (401, 403)
+        assert _status(url + "/", {"Authorization": "Bearer wrong-token"}) in (401, 403)
+        assert _status(url + "/", {"Authorization": f"Bearer {TOKEN}"}) == 200
+        page = browser.new_page()
+        resp = page.goto(url + "/")
+        assert resp.status in (401, 403)
+        # the token once in the URL; the cookie carries the websocket and the static files
+        page.goto(f"{url}/?token={TOKEN}&job=moe4&view=overview")
+        page.locator(".nf-tab-overview canvas").first.wait_for(state="visible", timeout=30_000)
+        page.close()
+    finally:
+        _stop(proc)
+
+
+def test_basic_auth_and_non_loopback_refusal(store):
+    r = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--db", str(store), "--host", "0.0.0.0",
+                        "--port", str(_free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "refusing to serve on non-loopback address 0.0.0.0 without authentication" in r.stderr
+    proc, url = _serve(store, "--basic-auth", "ana:pw-1234")
+    try:
+        req = urllib.request.Request(url + "/")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=20)
+        assert e.value.code == 401 and "Basic" in e.value.headers.get("WWW-Authenticate", "")
+        bad = base64.b64encode(b"ana:nope").decode()
+        assert _status(url + "/", {"Authorization": f"Basic {bad}"}) == 401
+        good = base64.b64encode(b"ana:pw-1234").decode()
+        assert _status(url + "/", {"Authorization": f"Basic {good}"}) == 200
+    finally:
+        _stop(proc)

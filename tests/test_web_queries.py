@@ -1,0 +1,260 @@
+"""The named queries behind every view, on a store built from the project's sample traces."""
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis.ledgers import LEDGERS
+from dashboards import queries
+from dashboards.demo import build_demo_store
+from dashboards.views import memory as memory_view
+from dashboards.views import moe as moe_view
+from dashboards.views import overview as overview_view
+
+
+def texts(models) -> str:
+    from bokeh.models import Div
+
+    return "".join(m.text for m in models if isinstance(m, Div))
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    truth = build_demo_store(d / "demo.duckdb", d)
+    return d / "demo.duckdb", truth
+
+
+@pytest.fixture
+def ro(demo):
+    con = duckdb.connect(str(demo[0]), read_only=True)
+    yield con
+    con.close()
+
+
+@pytest.fixture
+def rw_copy(demo, tmp_path):
+    """A writable copy of the demo store, for tests that add tables."""
+    import shutil
+
+    p = tmp_path / "copy.duckdb"
+    shutil.copy(demo[0], p)
+    con = duckdb.connect(str(p))
+    yield con
+    con.close()
+
+
+def test_jobs_lists_status_step_time_and_worst_ledger(ro):
+    j = queries.jobs(ro)
+    assert set(j["job"]) == {"dp4", "pp4_1f1b", "moe4"}
+    assert set(j["status"]) == {"attributed"}
+    raw = ro.execute("""SELECT job, median(m) FROM (SELECT job, step, max(w) AS m FROM
+                        (SELECT job, rank, step, sum(ns) AS w FROM ledger_totals GROUP BY ALL) GROUP BY ALL)
+                        GROUP BY job""").fetchall()
+    for job, med in raw:
+        assert j.filter(pl.col("job") == job)["step_ns"][0] == int(med)
+    # the pipeline's biggest loss is its bubble
+    assert j.filter(pl.col("job") == "pp4_1f1b")["worst_ledger"][0] == "bubble"
+
+
+def test_jobs_status_ingested_and_failed(rw_copy):
+    con = rw_copy
+    con.execute("INSERT INTO jobs (job, world_size) VALUES ('bare', 1)")
+    con.execute("""INSERT INTO traces (job, rank, path, sha256, format) VALUES ('bare', 0, '/x', 'abc', 'kineto')""")
+    con.execute("CREATE TABLE uploads (job VARCHAR, sha256 VARCHAR, name VARCHAR, path VARCHAR, bytes BIGINT, "
+                "status VARCHAR, message VARCHAR, updated_at TIMESTAMP)")
+    con.execute("INSERT INTO uploads VALUES ('broken', 'f00', 'x.json', '/x.json', 3, 'failed', "
+                "'x.json: not a trace', now()::TIMESTAMP)")
+    j = queries.jobs(con)
+    st = dict(zip(j["job"], j["status"]))
+    assert st["bare"] == "ingested" and st["broken"] == "failed" and st["dp4"] == "attributed"
+    assert j.filter(pl.col("job") == "broken")["message"][0] == "x.json: not a trace"
+
+
+def test_overview_per_rank_sums_and_order(ro):
+    ov = queries.job_overview(ro, "dp4")
+    assert ov.height == 4
+    assert ov["step_ns"].to_list() == sorted(ov["step_ns"].to_list(), reverse=True)
+    total = ov.select(sum(pl.col(n) for n in LEDGERS)).to_series().to_numpy()
+    np.testing.assert_allclose(total, ov["step_ns"].to_numpy())
+    raw = dict(ro.execute("SELECT rank, sum(ns) / count(DISTINCT step) FROM ledger_totals WHERE job = 'dp4' "
+                          "AND ledger = 'straggler' GROUP BY rank").fetchall())
+    for r, v in zip(ov["rank"], ov["straggler"]):
+        assert v == pytest.approx(float(raw[r]))
+
+
+def test_ledger_compare_without_and_with_prediction(ro, rw_copy):
+    cmp = queries.ledger_compare(ro, "dp4")
+    assert cmp["ledger"].to_list() == list(LEDGERS)
+    assert cmp["predicted_ns"].null_count() == 9
+    html = texts(overview_view.render(overview_view.load(ro, "dp4")))
+    assert queries.NO_PREDICTION in html
+    con = rw_copy
+    con.execute("CREATE TABLE predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
+                "ns BIGINT, config_sha VARCHAR)")
+    con.execute("""INSERT INTO predicted_ledgers SELECT job, rank, step, ledger, ns // 2, 'old' FROM ledger_totals
+                   WHERE job = 'dp4'""")
+    con.execute("""INSERT INTO predicted_ledgers SELECT job, rank, step, ledger, 1000000, 'new' FROM ledger_totals
+                   WHERE job = 'dp4'""")
+    assert queries.prediction_config(con, "dp4") == "new"
+    cmp2 = queries.ledger_compare(con, "dp4")
+    assert cmp2["predicted_ns"].to_list() == [1e6] * 9
+    np.testing.assert_allclose(cmp2["residual_ns"].to_numpy(), cmp2["measured_ns"].to_numpy() - 1e6)
+    old = queries.ledger_compare(con, "dp4", "old")
+    np.testing.assert_allclose(old["residual_ns"].to_numpy(), old["predicted_ns"].to_numpy(), rtol=1e-6, atol=1)
+
+
+def test_stragglers_point_at_the_planted_rank(ro, demo):
+    gt = demo[1]["dp4"]
+    late = gt["straggler"]["rank"]
+    r = queries.straggler_ranks(ro, "dp4")
+    assert r["rank"][0] == late
+    # the three others each waited about the planted delay for it
+    assert r["caused_wait_ns"][0] >= 3 * gt["straggler"]["delay_ns"] * 0.9
+    mx = queries.straggler_matrix(ro, "dp4")
+    assert mx.height == 4 * len(gt["collectives"])
+    seq = gt["straggler"]["seq"]
+    row = mx.filter((pl.col("seq") == seq) & (pl.col("rank") == late))
+    assert row["last_rank"][0] == late
+    assert row["skew_ns"][0] >= gt["straggler"]["delay_ns"]
+    # waits agree with the generator's truth up to the clock-alignment residual
+    truth = gt["collectives"][seq - 1]["wait_ns"]
+    got = mx.filter(pl.col("seq") == seq).sort("rank")["wait_ns"].to_list()
+    assert max(abs(a - b) for a, b in zip(got, truth)) < 50_000
+
+
+def test_moe_drilldown_matches_the_generator(ro, demo):
+    gt = demo[1]["moe4"]
+    m = queries.moe(ro, "moe4")
+    assert m["slowest"] == gt["overloaded_rank"]
+    ranks = m["ranks"].sort("rank")
+    assert ranks["a2a_count"].to_list() == [len(gt["a2a_calls"])] * 4
+    assert ranks["a2a_bytes"].to_list() == gt["a2a_in_bytes_total"]
+    assert ranks["expert_gemm_ns"].to_list() == gt["expert_gemm_ns"]
+    # the overloaded rank barely waits; the others wait for it in every combine
+    w = ranks["a2a_wait_ns"].to_list()
+    for r in range(4):
+        assert abs(w[r] - gt["a2a_wait_ns_total"][r]) < 60_000 * len(gt["a2a_calls"]) // 2
+    assert w[gt["overloaded_rank"]] < min(x for i, x in enumerate(w) if i != gt["overloaded_rank"]) / 5
+    led = dict(zip(m["ledgers"]["ledger"], m["ledgers"]["slowest_ns"]))
+    mean = dict(zip(m["ledgers"]["ledger"], m["ledgers"]["mean_ns"]))
+    assert led["compute"] > mean["compute"] and led["straggler"] < mean["straggler"]
+    assert m["predicted_makespan_ns"] is None
+    text = texts(moe_view.render(dict(m, job="moe4")))
+    assert queries.NO_PREDICTION in text and f"slowest MoE rank {gt['overloaded_rank']}" in text
+    # a job without all-to-all has nothing to drill into
+    assert queries.moe(ro, "dp4")["slowest"] is None
+
+
+def test_moe_predicted_makespan(rw_copy):
+    con = rw_copy
+    con.execute("CREATE TABLE predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
+                "ns BIGINT, config_sha VARCHAR)")
+    con.execute("""INSERT INTO predicted_ledgers SELECT 'moe4', r, 10, 'compute', 1000 * (r + 1), 'c'
+                   FROM range(4) t(r)""")
+    assert queries.moe(con, "moe4")["predicted_makespan_ns"] == 4000
+
+
+def test_pipeline_bubble_against_formula(ro, demo):
+    gt = demo[1]["pp4_1f1b"]
+    p = queries.pipeline(ro, "pp4_1f1b")
+    assert (p["p"], p["m"]) == (gt["stages"], gt["microbatches"])
+    assert p["formula"] == pytest.approx(gt["theoretical_bubble_fraction"])
+    # measured over each stage's own window; the generator's number is over the pipeline-wide window
+    assert p["stages"]["compute_ns"].to_list() == [s["compute_busy_ns"] for s in gt["stage_info"]]
+    assert 0.15 < p["measured"] < 0.35
+    assert p["schedule"].height > 0 and set(p["schedule"]["rank"]) == {0, 1, 2, 3}
+    assert queries.pipeline(ro, "dp4")["p"] == 0
+
+
+def test_memory_missing_then_present(ro, rw_copy):
+    m = queries.memory(ro, "dp4")
+    assert m["predicted"].height == 0 and m["measured"].height == 0
+    text = texts(memory_view.render(dict(m, job="dp4")))
+    assert queries.NO_PREDICTION in text
+    con = rw_copy
+    con.execute("CREATE TABLE predicted_memory (job VARCHAR, rank INTEGER, item VARCHAR, bytes BIGINT)")
+    con.execute("""INSERT INTO predicted_memory SELECT 'dp4', r, item, b FROM range(4) t(r),
+                   (VALUES ('parameters', 2000000000), ('optimizer_states', 6000000000)) v(item, b)""")
+    con.execute("CREATE TABLE memory_events (job VARCHAR, rank INTEGER, ts_ns BIGINT, total_allocated BIGINT)")
+    con.execute("INSERT INTO memory_events SELECT 'dp4', r, i, 1000 * i + r FROM range(4) a(r), range(50) b(i)")
+    m2 = queries.memory(con, "dp4")
+    assert m2["predicted"].height == 8
+    assert m2["measured"].sort("rank")["peak_bytes"].to_list() == [49000, 49001, 49002, 49003]
+    models = memory_view.render(dict(m2, job="dp4"))
+    assert any(getattr(x, "name", None) == memory_view.PLOT_NAME for x in models)
+
+
+def test_compare_jobs_deltas(ro):
+    c = queries.compare_jobs(ro, "dp4", "pp4_1f1b")
+    assert c["ledger"].to_list() == list(LEDGERS)
+    a = queries.ledger_compare(ro, "dp4")
+    b = queries.ledger_compare(ro, "pp4_1f1b")
+    np.testing.assert_allclose(c["delta_ns"].to_numpy(), b["measured_ns"].to_numpy() - a["measured_ns"].to_numpy())
+    assert c.filter(pl.col("ledger") == "bubble")["delta_ns"][0] > 0
+
+
+def test_timeline_bars_cover_each_rank_window(ro):
+    step = queries.job_steps(ro, "dp4")[1]
+    t = queries.timeline(ro, "dp4", step, max_rows=2_000, width_px=400)
+    assert 0 < t.height <= 2_000
+    off = dict(ro.execute("SELECT rank, offset_ns FROM clock_offsets WHERE job = 'dp4'").fetchall())
+    win = ro.execute("SELECT rank, start_ns, end_ns FROM step_windows WHERE job = 'dp4' AND step = ?",
+                     [step]).fetchall()
+    t0 = min(s - off[r] for r, s, e in win)
+    for r, s, e in win:
+        bars = t.filter(pl.col("rank") == r).sort("start_ns")
+        assert (bars["end_ns"] - bars["start_ns"]).sum() == e - s  # a partition: no gap, no overlap
+        assert bars["start_ns"][0] == s - off[r] - t0
+        assert (bars["start_ns"][1:].to_numpy() >= bars["end_ns"][:-1].to_numpy()).all()
+
+
+def test_timeline_row_cap_on_a_large_job(tmp_path):
+    """64 ranks × 40,000 intervals each (2.56 M rows): the query returns at most max_rows bars."""
+    con = duckdb.connect(str(tmp_path / "big.duckdb"))
+    from store.schema import create_all
+
+    create_all(con)
+    from analysis.attribution import DDL
+
+    for t, cols in DDL.items():
+        con.execute(f"CREATE TABLE {t} ({cols})")
+    R, N, D = 64, 40_000, 1_000  # ranks, intervals per rank, ns per interval
+    con.execute("INSERT INTO jobs (job, world_size) VALUES ('big', 64)")
+    con.execute("INSERT INTO traces (job, rank, path, sha256, format) SELECT 'big', r, 'x', 's' || r, 'kineto' "
+                "FROM range(64) t(r)")
+    con.execute(f"""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns)
+        SELECT 'big', r, 1, CASE WHEN r = 5 AND i BETWEEN 1000 AND 9999 THEN 'straggler'
+                                 ELSE (['compute', 'host', 'exposed_comm', 'idle'])[1 + (i % 4)::INTEGER] END,
+               i * {D}, (i + 1) * {D}
+        FROM range({R}) a(r), range({N}) b(i)""")
+    con.execute(f"INSERT INTO step_windows (job, rank, step, start_ns, end_ns) SELECT 'big', r, 1, 0, {N * D} FROM range({R}) t(r)")
+    assert con.execute("SELECT count(*) FROM ledger_intervals").fetchall()[0][0] == R * N
+    t = queries.timeline(con, "big", 1, max_rows=5_000, width_px=1_600)
+    assert 0 < t.height <= 5_000
+    assert set(t["rank"]) == set(range(R))
+    for r in (0, 5, 63):
+        bars = t.filter(pl.col("rank") == r)
+        assert (bars["end_ns"] - bars["start_ns"]).sum() == N * D
+    # a long run of one ledger survives the pooling as one bar
+    s5 = t.filter((pl.col("rank") == 5) & (pl.col("ledger") == "straggler"))
+    assert s5.height == 1 and s5["end_ns"][0] - s5["start_ns"][0] >= 8_000 * D
+    # a hard cap even when the caller asks for very few rows
+    assert queries.timeline(con, "big", 1, max_rows=100).height <= 100
+    con.close()
+
+
+def test_queries_cope_with_a_store_that_was_never_attributed(tmp_path):
+    from store.connection import connect
+
+    con = connect(tmp_path / "fresh.duckdb")
+    con.execute("INSERT INTO jobs (job, world_size) VALUES ('j', 1)")
+    assert queries.jobs(con)["status"].to_list() == ["ingested"]
+    assert queries.job_overview(con, "j").height == 0
+    assert queries.ledger_compare(con, "j").height == 0
+    assert queries.timeline(con, "j").height == 0
+    assert queries.straggler_matrix(con, "j").height == 0
+    assert queries.moe(con, "j")["slowest"] is None
+    assert queries.pipeline(con, "j")["p"] == 0
+    assert queries.compare_jobs(con, "j", "k").height == 0
+    con.close()

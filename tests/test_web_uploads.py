@@ -1,0 +1,155 @@
+"""Uploads: content-addressed storage, the manifest, the background writer and the read path beside it."""
+import gzip
+import threading
+import time
+
+import duckdb
+import pytest
+
+from dashboards import data_store, queries
+from dashboards.demo import sample_files
+from dashboards.server import ServeConfig, check_config
+from dashboards.uploads import ChunkWriter, UploadStore, Writer, safe_name
+from store.errors import NinefoldError
+
+
+def _wait(writer, timeout=60):
+    t0 = time.monotonic()
+    while not writer.idle():
+        assert time.monotonic() - t0 < timeout, "writer did not finish"
+        time.sleep(0.05)
+
+
+def test_upload_is_stored_by_sha256_ingested_and_attributed(tmp_path):
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db)
+    writer = Writer(store).start()
+    files = sample_files("dp4")
+    entries = []
+    for f in files:
+        w = ChunkWriter(store, f.name, "dp4up")
+        data = f.read_bytes()
+        for i in range(0, len(data), 7000):  # arrives in chunks
+            w.write(data[i:i + 7000])
+        entries.append(w.finish())
+        writer.submit(entries[-1])
+    _wait(writer)
+    import hashlib
+
+    for f, e in zip(files, entries):
+        sha = hashlib.sha256(f.read_bytes()).hexdigest()
+        assert e["sha256"] == sha
+        assert (tmp_path / "uploads" / sha / f.name).read_bytes() == f.read_bytes()
+    latest = store.entries()
+    assert [e["status"] for e in latest] == ["attributed"] * 4
+    assert not list((tmp_path / "uploads" / ".partial").iterdir())
+    with data_store.read_connection(db) as con:
+        j = queries.jobs(con)
+        assert j.filter(j["job"] == "dp4up")["status"][0] == "attributed"
+        assert j.filter(j["job"] == "dp4up")["n_ranks"][0] == 4
+        up = con.execute("SELECT status, count(*) FROM uploads GROUP BY status").fetchall()
+        assert up == [("attributed", 4)]
+    # the same bytes again: stored once, ingest is a no-op
+    again = store.store_bytes(files[0].name, files[0].read_bytes(), "dp4up")
+    writer.submit(again)
+    _wait(writer)
+    assert [e["status"] for e in store.entries() if e["sha256"] == again["sha256"]] == ["unchanged"]
+    writer.stop()
+
+
+def test_broken_upload_fails_with_a_message_and_stores_nothing(tmp_path):
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db)
+    writer = Writer(store).start()
+    good = gzip.decompress(sample_files("dp4")[0].read_bytes())
+    e = store.store_bytes("rank-0.json", good[: len(good) // 2], "cut")
+    writer.submit(e)
+    _wait(writer)
+    last = store.entries()[-1]
+    assert last["status"] == "failed"
+    assert "rank-0.json" in last["message"] and "truncated" in last["message"]
+    with data_store.read_connection(db) as con:
+        assert con.execute("SELECT count(*) FROM traces WHERE job = 'cut'").fetchall()[0][0] == 0
+        j = queries.jobs(con)
+        assert j.filter(j["job"] == "cut")["status"][0] == "failed"
+    writer.stop()
+
+
+def test_finished_uploads_survive_a_restart(tmp_path):
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db)
+    e = store.store_bytes("rank-1.json.gz", sample_files("dp4")[1].read_bytes(), "later")
+    assert store.entries()[-1]["status"] == "queued"   # recorded before any ingest
+    # a new server process: the manifest is read back and the queued upload is processed
+    store2 = UploadStore(db)
+    assert [x["sha256"] for x in store2.entries()] == [e["sha256"]]
+    writer = Writer(store2).start()
+    _wait(writer)
+    assert store2.entries()[-1]["status"] == "attributed"
+    writer.stop()
+
+
+def test_upload_limits_and_names(tmp_path):
+    store = UploadStore(tmp_path / "s.duckdb", max_bytes=10_000)
+    w = ChunkWriter(store, "rank-0.json", "j")
+    w.write(b"x" * 6_000)
+    with pytest.raises(NinefoldError, match="larger than this server's upload limit of 10000 bytes"):
+        w.write(b"x" * 6_000)
+    assert not list((tmp_path / "uploads" / ".partial").iterdir())
+    with pytest.raises(NinefoldError, match="evil.exe: not a trace file"):
+        ChunkWriter(store, "evil.exe", "j")
+    with pytest.raises(NinefoldError, match="a job name is needed"):
+        ChunkWriter(store, "a.json", "  ")
+    assert safe_name("../../etc/rank-0.json") == "rank-0.json"
+    assert safe_name("..\\x\\.hidden.json") == "hidden.json"
+
+
+def test_reads_wait_for_the_writer_instead_of_failing(tmp_path):
+    """In one process a read-only and a read-write connection cannot coexist: reads queue behind the writer."""
+    db = tmp_path / "s.duckdb"
+    from store.connection import connect
+
+    connect(db).close()
+    got = []
+    with data_store.GATE.write():
+        con = connect(db)
+        t = threading.Thread(target=lambda: got.append(data_store.cached(db, queries.jobs).height))
+        t.start()
+        time.sleep(0.3)
+        assert not got  # blocked while the writer holds the store
+        con.execute("INSERT INTO jobs (job, world_size) VALUES ('w', 1)")
+        con.close()
+        data_store.bump_generation()
+    t.join(10)
+    assert got == [1]
+
+
+def test_read_of_a_store_locked_by_another_process_gives_up_with_a_message(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "s.duckdb"
+    duckdb.connect(str(db)).close()
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}); "
+                               "print('locked', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(data_store.StoreBusy, match="locked by another process"):
+            with data_store.read_connection(db, wait_s=0.5):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_serve_config_refusals():
+    with pytest.raises(NinefoldError, match="refusing to serve on non-loopback address 0.0.0.0 without "
+                                            "authentication"):
+        check_config(ServeConfig(db="x", host="0.0.0.0"))
+    check_config(ServeConfig(db="x", host="0.0.0.0", token="s3cret-token"))
+    check_config(ServeConfig(db="x", host="127.0.0.1"))
+    check_config(ServeConfig(db="x", host="::1"))
+    with pytest.raises(NinefoldError, match="USER:PASS"):
+        check_config(ServeConfig(db="x", host="10.0.0.1", basic_auth="nopass"))
+    with pytest.raises(NinefoldError, match="either --token or --basic-auth"):
+        check_config(ServeConfig(db="x", token="abcdefgh1", basic_auth="a:b"))
