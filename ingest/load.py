@@ -68,6 +68,10 @@ ARG_KEYS = ("device", "stream", "correlation", "External id", "bytes", "Process 
 ARG_SPEC = json.dumps({k: "VARCHAR" for k in ARG_KEYS}).replace("'", "''")
 
 
+MEM_SPEC = json.dumps({k: "VARCHAR" for k in ("Device Type", "Device Id", "Addr", "Bytes", "Total Allocated",
+                                               "Total Reserved")})
+
+
 def _arg(key: str, col: str = "a") -> str:
     assert key in ARG_KEYS, key
     return f'{col}."{key}"'
@@ -243,6 +247,14 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
         SELECT ?, ?, lower(cat), TRY_CAST(id AS BIGINT), ph, {_ns('ts', base)}
         FROM _ev WHERE ph IN ('s', 'f', 't') AND lower(coalesce(cat, '')) IN ({flow_list})""", [job, rank])
 
+    # profile_memory=True: allocator instant events; bytes > 0 allocate, < 0 free
+    con.execute(f"""INSERT INTO memory_events
+        SELECT ?, ?, {_ns('ts', base)}, TRY_CAST(m."Device Type" AS INTEGER), TRY_CAST(m."Device Id" AS INTEGER),
+               TRY_CAST(m."Addr" AS BIGINT), TRY_CAST(m."Bytes" AS BIGINT), TRY_CAST(m."Total Allocated" AS BIGINT),
+               TRY_CAST(m."Total Reserved" AS BIGINT)
+        FROM (SELECT ts, json_transform(args, '{MEM_SPEC}') AS m FROM _ev
+              WHERE ph = 'i' AND name = '[memory]' AND ts IS NOT NULL)""", [job, rank])
+
     dtype_case = " ".join(f"WHEN '{k}' THEN {v}" for k, v in DTYPE_BYTES.items())
     coll_cols = f"""{_arg('Process Group Name')} AS pg_name, {_arg('Process Group Description')} AS pg_desc,
         {_arg('Process Group Ranks')} AS pg_ranks, {_arg_int('Seq')} AS seq, {_arg('Collective name')} AS coll,
@@ -286,6 +298,8 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                        FROM gpu_ops WHERE job = ? AND rank = ?""", [job, rank]).fetchone()))
     counts["host_ops"] = con.execute("SELECT count(*) FROM host_ops WHERE job = ? AND rank = ?", [job, rank]).fetchone()[0]
     counts["steps"] = con.execute("SELECT count(*) FROM steps WHERE job = ? AND rank = ?", [job, rank]).fetchone()[0]
+    counts["memory_events"] = con.execute("SELECT count(*) FROM memory_events WHERE job = ? AND rank = ?",
+                                          [job, rank]).fetchone()[0]
     counts["collectives"] = con.execute("SELECT count(*) FROM collectives WHERE job = ? AND rank = ?",
                                         [job, rank]).fetchone()[0]
 
@@ -335,6 +349,7 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
     """Ingest every file; a failing file is reported and does not stop the others."""
     results = []
     files = discover(paths)
+    named = {Path(p).resolve() for p in paths if Path(p).is_file()}
     loaders = [loader_for(f) for f, _ in files]
     # Small Kineto files are hashed and parsed two at a time on cursors of their own (both cores) while
     # this thread writes the previous one; each file is still its own transaction, in order.
@@ -365,6 +380,11 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
                     r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage, prepared=prep)
             except NinefoldError as e:
                 r = LoadResult(str(f), j, rank, "failed", str(e))
+                # found by scanning a directory and plainly not a trace (a JSON side file such as a
+                # manifest or ground truth): skipped with its reason, not a failure of the command
+                if f.resolve() not in named and isinstance(e, TraceFormatError) and (
+                        "not a Kineto trace" in str(e) or "bare JSON array" in str(e)):
+                    r = LoadResult(str(f), j, rank, "skipped", str(e))
             for one in (r if isinstance(r, list) else [r]):
                 results.append(one)
                 if on_result:

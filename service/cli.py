@@ -30,8 +30,8 @@ def ingest(paths, db, job, rank, replace, salvage):
     con = connect(db)
 
     def show(r):
-        if r.status == "failed":
-            click.echo(f"FAILED  {r.message}")
+        if r.status in ("failed", "skipped"):
+            click.echo(f"{r.status.upper():7s} {r.message}")
         else:
             c = r.counts or {}
             if "kernel" in c:   # a profiler trace
@@ -50,8 +50,10 @@ def ingest(paths, db, job, rank, replace, salvage):
     failed = sum(r.status == "failed" for r in results)
     stored = sum(r.status == "stored" for r in results)
     same = sum(r.status == "unchanged" for r in results)
+    skipped = sum(r.status == "skipped" for r in results)
+    skip_note = f", {skipped} skipped" if skipped else ""
     parts = f" ({len(results)} parts)" if len(results) != len({r.path for r in results}) else ""
-    click.echo(f"{len({r.path for r in results})} files{parts}: {stored} stored, {same} unchanged, {failed} failed "
+    click.echo(f"{len({r.path for r in results})} files{parts}: {stored} stored, {same} unchanged, {failed} failed{skip_note} "
                f"in {time.perf_counter() - t0:.2f}s")
     sys.exit(1 if failed else 0)
 

@@ -88,6 +88,17 @@ TABLES: dict[str, str] = {
         ph VARCHAR,
         ts_ns BIGINT
     """,
+    "memory_events": """
+        job VARCHAR NOT NULL,
+        rank INTEGER NOT NULL,
+        ts_ns BIGINT NOT NULL,
+        device_type INTEGER,              -- c10 DeviceType: 0 CPU, 1 CUDA ...
+        device_id INTEGER,
+        addr BIGINT,
+        bytes BIGINT,                     -- this allocation (+) or free (-)
+        total_allocated BIGINT,
+        total_reserved BIGINT
+    """,
     "diagnostics": """
         job VARCHAR,
         rank INTEGER,
@@ -308,7 +319,7 @@ TABLES: dict[str, str] = {
 }
 
 # Tables whose rows belong to one (job, rank) trace; replaced together.
-PER_TRACE = ["gpu_ops", "host_ops", "collectives", "steps", "flows", "diagnostics"]
+PER_TRACE = ["gpu_ops", "host_ops", "collectives", "steps", "flows", "memory_events", "diagnostics"]
 
 
 def create_all(con) -> None:

@@ -134,3 +134,21 @@ def test_cli_exit_codes(tmp_path):
     assert "FAILED" in r.stdout and "job=job1" in r.stdout and "1 stored" in r.stdout
     r = run("ingest", str(d / "rank-0.json"), "--db", str(tmp_path / "x.duckdb"))
     assert r.returncode == 0 and "1 unchanged" in r.stdout
+
+
+def test_directory_scan_skips_side_json_but_named_file_fails(tmp_path):
+    from click.testing import CliRunner
+
+    from service.cli import cli
+
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "rank-0.json").write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}))
+    (d / "ground_truth.json").write_text(json.dumps({"seed": 1}))
+    db = str(tmp_path / "x.duckdb")
+    r = CliRunner().invoke(cli, ["ingest", str(d), "--db", db])
+    assert r.exit_code == 0, r.output
+    assert "SKIPPED" in r.output and "ground_truth.json" in r.output and "1 stored" in r.output
+    r = CliRunner().invoke(cli, ["ingest", str(d / "ground_truth.json"), "--db", db])
+    assert r.exit_code == 1 and "not a Kineto trace" in r.output
