@@ -25,9 +25,11 @@ demo: $(BIN)/ninefold
 	$(BIN)/ninefold summary --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold attribute --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold ledgers --db demo_out/ninefold.duckdb --job sample_job
+	$(BIN)/ninefold report --db demo_out/ninefold.duckdb --job sample_job --out demo_out/report.html
+	@echo "report: demo_out/report.html   (dashboards: $(BIN)/ninefold serve --db demo_out/ninefold.duckdb)"
 
 test: $(BIN)/ninefold chromium
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/ninefold
-	$(BIN)/python bench/bench_ingest.py
+	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -92,6 +92,9 @@ def write_report(db_path, job: str, out_path) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(html)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)    # mkstemp makes it private; a report is for sharing
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
