@@ -75,27 +75,62 @@ def _decompress(path: Path, dst: Path) -> None:
         raise TraceFormatError(path, None, f"corrupt gzip stream ({e})") from None
 
 
+_WS = " \t\r\n"
+_ONLY_WS = re.compile(r"[ \t\r\n]*\Z")
+
+
+def _rest_is_object_tail(t: str, i: int, dec=json.JSONDecoder()) -> bool:
+    """Whether t[i:] reads as the remainder of an object after one member: ``(, "k": v)* }`` then only
+    whitespace. Parses in place (no copy of the tail), so a wrong candidate costs only up to its error."""
+    n = len(t)
+    while i < n and t[i] in _WS:
+        i += 1
+    while i < n and t[i] == ",":
+        i += 1
+        while i < n and t[i] in _WS:
+            i += 1
+        if i >= n or t[i] != '"':
+            return False
+        try:
+            _, i = dec.raw_decode(t, i)
+            while i < n and t[i] in _WS:
+                i += 1
+            if i >= n or t[i] != ":":
+                return False
+            i += 1
+            while i < n and t[i] in _WS:
+                i += 1
+            _, i = dec.raw_decode(t, i)
+        except ValueError:
+            return False
+        while i < n and t[i] in _WS:
+            i += 1
+    if i >= n or t[i] != "}":
+        return False
+    return _ONLY_WS.match(t, i + 1) is not None
+
+
 def _find_array_end(tail: bytes, tail_off: int) -> tuple[int, dict] | None:
     """Offset of the ']' that closes traceEvents, and the metadata after it.
 
     The real end is the earliest ']' in the tail that follows an event ('}' or '[') and after which
     the rest of the document parses as the remainder of an object (``, "k": v ... }``).
     """
-    best = None
-    for m in re.finditer(rb"[}\[]\s*\]", tail):
+    # latin-1 keeps one character per byte, so string offsets are byte offsets
+    t = tail.decode("latin-1")
+    for m in re.finditer(r"[}\[]\s*\]", t):
         pos = m.end() - 1
-        rest = tail[pos + 1:].strip()
-        if not rest.endswith(b"}"):
+        if not _rest_is_object_tail(t, pos + 1):
             continue
+        rest = tail[pos + 1:].strip()
         body = rest[1:] if rest.startswith(b",") else rest
         try:
             extra = json.loads(b"{" + body if body != b"}" else b"{}")
         except ValueError:
             continue
         if isinstance(extra, dict):
-            best = (tail_off + pos, extra)
-            break
-    return best
+            return tail_off + pos, extra
+    return None
 
 
 def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None) -> KinetoMeta:

@@ -173,11 +173,11 @@ def test_memory_missing_then_present(ro, rw_copy):
     text = texts(memory_view.render(dict(m, job="dp4")))
     assert queries.NO_PREDICTION in text
     con = rw_copy
-    con.execute("CREATE TABLE predicted_memory (job VARCHAR, rank INTEGER, item VARCHAR, bytes BIGINT)")
-    con.execute("""INSERT INTO predicted_memory SELECT 'dp4', r, item, b FROM range(4) t(r),
+    con.execute("CREATE TABLE IF NOT EXISTS predicted_memory (job VARCHAR, rank INTEGER, item VARCHAR, bytes BIGINT)")
+    con.execute("""INSERT INTO predicted_memory (job, rank, item, bytes) SELECT 'dp4', r, item, b FROM range(4) t(r),
                    (VALUES ('parameters', 2000000000), ('optimizer_states', 6000000000)) v(item, b)""")
-    con.execute("CREATE TABLE memory_events (job VARCHAR, rank INTEGER, ts_ns BIGINT, total_allocated BIGINT)")
-    con.execute("INSERT INTO memory_events SELECT 'dp4', r, i, 1000 * i + r FROM range(4) a(r), range(50) b(i)")
+    # the store's memory_events table (allocator events from traces recorded with profile_memory=True)
+    con.execute("INSERT INTO memory_events (job, rank, ts_ns, total_allocated) SELECT 'dp4', r, i, 1000 * i + r FROM range(4) a(r), range(50) b(i)")
     m2 = queries.memory(con, "dp4")
     assert m2["predicted"].height == 8
     assert m2["measured"].sort("rank")["peak_bytes"].to_list() == [49000, 49001, 49002, 49003]
