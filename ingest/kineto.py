@@ -213,6 +213,8 @@ def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None)
 # retries on one unsplit slice, so a wrong split can never change what is stored.
 _BOUNDARY = re.compile(rb"\}[ \t\r]*,[ \t\r]*\n\s*(?=\{)")
 MIN_CHUNK = 16 << 20
+# the largest single event the reader accepts; each reader thread buffers a few of these
+MAX_EVENT_BYTES = 64 << 20
 
 
 def _default_chunks() -> int:
@@ -320,7 +322,7 @@ def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
         # so the table's rowid is the event's position in the document.
         con.execute(
             f"CREATE {'TEMP ' if temp else ''}TABLE {table} AS SELECT * FROM read_json(?, format='array', "
-            f"maximum_object_size=67108864, columns={EVENT_COLUMNS})",
+            f"maximum_object_size={MAX_EVENT_BYTES}, columns={EVENT_COLUMNS})",
             [files],
         )
         if temp:

@@ -148,7 +148,7 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         # near the file size however large the trace is.
         if prepared is None:
             ev_bytes = sum(Path(c[0]).stat().st_size for c in km.chunks)
-            con.execute(f"SET memory_limit = '{max(768 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
+            con.execute(f"SET memory_limit = '{max(384 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
             read_events(con, km, path)
         else:
             bind_events(con, table)

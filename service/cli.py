@@ -55,6 +55,7 @@ def ingest(paths, db, job, rank, replace, salvage):
     parts = f" ({len(results)} parts)" if len(results) != len({r.path for r in results}) else ""
     click.echo(f"{len({r.path for r in results})} files{parts}: {stored} stored, {same} unchanged, {failed} failed{skip_note} "
                f"in {time.perf_counter() - t0:.2f}s")
+    con.close()
     sys.exit(1 if failed else 0)
 
 
