@@ -11,12 +11,12 @@ TABLES: dict[str, str] = {
         rank INTEGER NOT NULL,
         path VARCHAR NOT NULL,
         sha256 VARCHAR NOT NULL,
-        format VARCHAR NOT NULL,          -- kineto
+        format VARCHAR NOT NULL,          -- kineto | nsys
         schema_version VARCHAR,
         world_size INTEGER,
         device_name VARCHAR,
-        base_ns BIGINT,                   -- baseTimeNanoseconds, 0 when absolute
-        time_mode VARCHAR,                -- relative_base | absolute_us | relative_unknown
+        base_ns BIGINT,                   -- baseTimeNanoseconds (nsys: utcEpochNs), 0 when absolute
+        time_mode VARCHAR,                -- relative_base | absolute_us | relative_unknown | session_start (nsys)
         backend VARCHAR,
         nccl_version VARCHAR,
         pg_config JSON,
@@ -315,6 +315,21 @@ TABLES: dict[str, str] = {
         sizes JSON,                       -- {"input_sizes", "input_dtypes", "output_sizes", "output_dtypes"}
         thread_name VARCHAR,
         top_frame VARCHAR
+    """,
+    # ---- cost model (analysis.cost_model): predicted ledgers per rank and step, predicted memory per rank
+    "predicted_ledgers": """
+        job VARCHAR NOT NULL,
+        rank INTEGER NOT NULL,
+        step INTEGER NOT NULL,            -- the measured step it is compared with; -1 when none
+        ledger VARCHAR NOT NULL,
+        ns BIGINT NOT NULL,
+        config_sha VARCHAR NOT NULL
+    """,
+    "predicted_memory": """
+        job VARCHAR NOT NULL,
+        rank INTEGER NOT NULL,
+        item VARCHAR NOT NULL,            -- params | grads | optimizer | activations | pipeline_buffers
+        bytes DOUBLE NOT NULL
     """,
 }
 

@@ -90,7 +90,7 @@ def test_ledger_compare_without_and_with_prediction(ro, rw_copy):
     html = texts(overview_view.render(overview_view.load(ro, "dp4")))
     assert queries.NO_PREDICTION in html
     con = rw_copy
-    con.execute("CREATE TABLE predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
+    con.execute("CREATE TABLE IF NOT EXISTS predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
                 "ns BIGINT, config_sha VARCHAR)")
     con.execute("""INSERT INTO predicted_ledgers SELECT job, rank, step, ledger, ns // 2, 'old' FROM ledger_totals
                    WHERE job = 'dp4'""")
@@ -148,7 +148,7 @@ def test_moe_drilldown_matches_the_generator(ro, demo):
 
 def test_moe_predicted_makespan(rw_copy):
     con = rw_copy
-    con.execute("CREATE TABLE predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
+    con.execute("CREATE TABLE IF NOT EXISTS predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
                 "ns BIGINT, config_sha VARCHAR)")
     con.execute("""INSERT INTO predicted_ledgers SELECT 'moe4', r, 10, 'compute', 1000 * (r + 1), 'c'
                    FROM range(4) t(r)""")

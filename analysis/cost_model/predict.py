@@ -1,0 +1,223 @@
+"""Predicted per-step ledgers (ns, per rank) and memory ledger (bytes, per rank) from a configuration, with
+what a stored trace tells taking precedence over the file."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from analysis.ledgers import LEDGERS
+
+from . import calibrate
+from .collectives import axis_link, canonical, coll_time
+from .compute import achieved_flops, flops_per_token, microbatch_times
+from .config import Config, load_config, resolve, world_size
+from .memory import memory_ledger, param_count
+from .moe import a2a_payload_bytes, expert_loads
+from .pipeline import bubble_fraction, bubble_time
+from .timeline import StepPlan, coords, step_ledgers
+
+SIMULATED = ("gpipe", "1f1b")
+
+
+@dataclass
+class Prediction:
+    cfg: Config
+    plan: StepPlan
+    ledgers: dict                      # rank -> {ledger: ns}
+    memory: dict                       # rank -> {item: bytes}
+    details: list = field(default_factory=list)   # (name, value, unit/note)
+    fits: list = field(default_factory=list)
+    events: dict | None = None
+    windows: dict | None = None
+
+    def mean(self) -> dict:
+        n = len(self.ledgers)
+        return {k: sum(v[k] for v in self.ledgers.values()) / n for k in LEDGERS}
+
+    @property
+    def step_ns(self) -> float:
+        return sum(self.mean().values())
+
+
+def apply_trace(cfg: Config, facts: dict) -> Config:
+    """Trace facts override the file (source = trace)."""
+    cfg.set("trace.world_size", facts["world_size"], "trace", f"{facts['ranks_present']} rank file(s) stored")
+    if "preset" in facts:
+        cfg.set("hardware.preset", facts["preset"][0], "trace", facts["preset"][1])
+    for axis in ("dp", "tp", "pp", "ep", "cp"):
+        if axis in facts:
+            cfg.set(f"parallel.{axis}", int(facts[axis]), "trace", "process-group size")
+    if "micro_batches" in facts:
+        cfg.set("parallel.micro_batches", int(facts["micro_batches"]), "trace", "sends per rank, group and step")
+    for k in ("p2p_bytes", "dp_grad_bytes", "a2a_bytes"):
+        if k in facts:
+            cfg.set(f"trace.{k}", facts[k], "trace", "collectives.bytes")
+    if "ep_loads" in facts:
+        cfg.set("trace.ep_loads", [round(x, 1) for x in facts["ep_loads"]], "trace",
+                "tokens received per EP rank (Out split size)")
+    if "step_ns" in facts:
+        cfg.set("trace.step_ns", round(facts["step_ns"][0]), "trace", facts["step_ns"][1])
+    if "groups" in facts and facts["groups"]:
+        cfg.set("trace.groups", ", ".join(f"{k}:{v['axis']}({v['size']})" for k, v in sorted(facts["groups"].items())),
+                "trace", "process group: axis (size)")
+    return cfg
+
+
+class Costs:
+    """Collective time: a calibrated fit for (collective, group size) when there is one, else α–β on the
+    axis's link level from the hardware preset."""
+
+    def __init__(self, cfg, hw, fits):
+        self.cfg, self.hw = cfg, hw
+        self.fits = {(f.coll, f.nranks): f for f in fits}
+
+    def t(self, coll, nbytes, n, axis) -> float:
+        coll = canonical(coll)
+        f = self.fits.get((coll, n))
+        if f is not None:
+            return f.time(nbytes)
+        _lvl, link = axis_link(self.cfg, self.hw, axis, 2 if axis == "pp" else n)
+        return coll_time(coll, nbytes, n, link)
+
+
+def ns(x: float) -> int:
+    return int(round(x * 1e9))
+
+
+def build_plan(cfg: Config, hw, fits=(), achieved: float | None = None) -> tuple[StepPlan, list]:
+    costs = Costs(cfg, hw, fits)
+    g = {x: cfg[f"parallel.{x}"] for x in ("dp", "tp", "pp", "ep", "cp")}
+    details = []
+    measured = cfg.get("trace.ep_loads")
+    loads = expert_loads(g["ep"], cfg["model.expert_imbalance"], 0, measured) if g["ep"] > 1 else [1.0]
+    mt = microbatch_times(cfg, hw, achieved, loads)
+    details.append(("achieved FLOP/s", mt["achieved"], "compute kernels"))
+    fpt = flops_per_token(cfg)
+    details.append(("training FLOPs / token", fpt["training"], "6N + 12·L·h·s"))
+    act_b = 4 if cfg["model.dtype"] == "fp32" else 2
+    h, L, m = cfg["model.hidden"], cfg["model.layers"], cfg["parallel.micro_batches"]
+    s_loc = cfg["model.seq_len"] // g["cp"]
+    b = cfg["parallel.micro_batch_size"]
+    sp = cfg["parallel.sequence_parallel"]
+    layers_stage = L // g["pp"]
+    plan = StepPlan(dp=g["dp"], tp=g["tp"], pp=g["pp"], ep=g["ep"], cp=g["cp"], schedule=cfg["parallel.schedule"],
+                    m=m, fwd=[ns(x) for x in mt["fwd"]], bwd=[ns(x) for x in mt["bwd"]],
+                    rec=[ns(x) for x in mt["recompute"]],
+                    overlap={x: cfg[f"overlap.{x}"] for x in ("dp", "tp", "pp", "ep", "cp")})
+    if g["tp"] > 1:
+        # Megatron-LM: two all-reduces of the b·s·h activation per layer in the forward, two in the backward
+        # (Shoeybi et al. 2019, §3 and Fig. 4, operators f and g); with sequence parallelism an all-gather +
+        # reduce-scatter pair of the same volume (Korthikanti et al. 2022, §4.2.2).
+        plan.tp_bytes = b * s_loc * h * act_b
+        t1 = costs.t("allreduce", plan.tp_bytes, g["tp"], "tp")
+        plan.tp_fwd = plan.tp_bwd = ns(2 * layers_stage * t1)
+        details.append(("TP all-reduce, one", t1, f"{plan.tp_bytes} B over {g['tp']}"))
+    if g["ep"] > 1 and cfg["model.experts"] > 1:
+        tokens = b * s_loc / (g["tp"] if sp else 1)
+        payload = cfg.get("trace.a2a_bytes") or a2a_payload_bytes(tokens, cfg["model.top_k"], h, act_b)
+        plan.a2a_bytes = int(payload)
+        t1 = costs.t("alltoall", payload, g["ep"], "ep")
+        moe_stage = cfg["model.moe_layers"] / g["pp"]
+        plan.a2a_fwd = plan.a2a_bwd = ns(2 * moe_stage * t1)
+        details.append(("EP all-to-all, one", t1, f"{int(payload)} B over {g['ep']}"))
+        details.append(("EP loads (busiest = 1st)", [round(x, 3) for x in loads], "relative to the mean"))
+    if g["pp"] > 1:
+        pb = cfg.get("trace.p2p_bytes") or b * s_loc * h * act_b / (g["tp"] if sp else 1)
+        plan.p2p_bytes = int(pb)
+        t1 = costs.t("sendrecv", pb, 2, "pp")
+        plan.p2p = ns(t1)
+        details.append(("PP send/recv, one", t1, f"{int(pb)} B"))
+    pc = param_count(cfg)
+    from .pipeline import param_copies
+
+    copies = param_copies(cfg["parallel.schedule"])
+    p_gpu = (pc["dense"] / (g["tp"] * g["pp"]) + pc["expert"] / (g["ep"] * g["pp"])) * copies
+    n_dp = g["dp"] * g["cp"]
+    zs = cfg["parallel.zero_stage"]
+    if n_dp > 1:
+        gb = cfg.get("trace.dp_grad_bytes") or 2.0 * p_gpu
+        plan.grad_bytes = int(gb)
+        plan.grad_coll = "allreduce" if zs == 0 else "reduce_scatter"
+        t_g = costs.t(plan.grad_coll, gb, n_dp, "dp")
+        if zs >= 1:
+            t_ag = costs.t("allgather", 2.0 * p_gpu, n_dp, "dp")
+            plan.param_bytes = int(2.0 * p_gpu)
+            plan.param_gather = ns(t_ag)
+            if zs == 3:
+                t_g += t_ag     # ZeRO-3 gathers the parameters again for the backward
+        plan.grad_sync = ns(t_g)
+        details.append((f"DP {plan.grad_coll}", t_g, f"{int(gb)} B over {n_dp}"))
+    shard = p_gpu / (n_dp if zs >= 1 else 1)
+    plan.optimizer = ns(cfg["compute.optimizer_bytes_per_param"] * shard / hw.hbm_bw)
+    details.append(("optimizer step", plan.optimizer / 1e9, f"{shard:.3g} params, HBM-bound"))
+    return plan, details
+
+
+def predict(cfg: Config, con=None, job: str | None = None, calibrate_from_trace: bool = True,
+            keep_events: bool = False) -> Prediction:
+    """Prediction for ``cfg`` (loaded with load_config); with ``con`` and ``job`` the trace's facts and its
+    calibration (α/β fits, GEMM FLOP/s) are used."""
+    fits, achieved = [], None
+    if con is not None and job is not None:
+        from .infer import infer
+
+        apply_trace(cfg, infer(con, job))
+    world = cfg.get("trace.world_size")
+    resolve(cfg, world)
+    if world and world_size(cfg) != world:
+        from .config import ConfigError
+
+        raise ConfigError(cfg.path, "parallel", f"dp*tp*pp*cp = {world_size(cfg)} but the trace has world size "
+                          f"{world}")
+    hw = cfg.hardware()
+    if con is not None and job is not None and calibrate_from_trace:
+        fits = calibrate.fit_from_trace(con, job, hw.nvlink_alpha) + calibrate.fit_from_nccl_tests(con, None,
+                                                                                                  hw.nvlink_alpha)
+        seen, uniq = set(), []
+        for f in fits:          # the trace's own collectives first, nccl-tests for what it lacks
+            if (f.coll, f.nranks) not in seen:
+                seen.add((f.coll, f.nranks))
+                uniq.append(f)
+        fits = uniq
+        ga = calibrate.gemm_achieved(con, job)
+        if ga:
+            achieved = ga["achieved"]
+            cfg.set("trace.gemm_flops_per_s", round(achieved / 1e12, 2), "trace",
+                    f"TFLOP/s over {ga['kernels']} GEMM kernels with Input Dims")
+    plan, details = build_plan(cfg, hw, fits, achieved)
+    p, sched = plan.pp, plan.schedule
+    if p == 1 or sched in SIMULATED:
+        led, events, windows = step_ledgers(plan)
+    else:
+        # schedules without a simulation: the stage's blocks back to back, plus the closed-form bubble and
+        # the point-to-point transfers of warm-up and cool-down, 2(p−1) hops, (1 − overlap.pp) exposed
+        flat = replace(plan, pp=1)
+        led1, events, windows = step_ledgers(flat)
+        w = cfg["compute.weight_grad_share"]
+        d_f = max(plan.fwd) + plan.a2a_fwd + plan.tp_fwd
+        d_b = max(plan.bwd) + max(plan.rec) + plan.a2a_bwd + plan.tp_bwd
+        bub = bubble_time(sched, p, plan.m, d_f, d_b * (1 - w), d_b * w, cfg["parallel.v"])
+        p2p = (1 - plan.overlap.get("pp", 0.0)) * 2 * (p - 1) * plan.p2p
+        n1 = flat.world
+        led = {}
+        for r in range(plan.world):
+            x = dict(led1[r % n1])
+            x["bubble"] += int(round(bub))
+            x["exposed_comm"] += int(round(p2p))
+            led[r] = x
+        events = windows = None
+    if p > 1:
+        w = cfg["compute.weight_grad_share"]
+        d_f = max(plan.fwd)
+        d_b = max(plan.bwd) + max(plan.rec)
+        details.append((f"bubble fraction ({sched}, closed form)",
+                        bubble_fraction(sched, p, plan.m, cfg["parallel.v"], d_f, d_b * (1 - w), d_b * w),
+                        "no communication"))
+    mem = {r: memory_ledger(cfg, coords(plan, r)["pp"]) for r in range(plan.world)}
+    pred = Prediction(cfg, plan, led, mem, details, fits)
+    if keep_events:
+        pred.events, pred.windows = events, windows
+    return pred
+
+
+def predict_file(path, con=None, job=None, **kw) -> Prediction:
+    return predict(load_config(path), con, job, **kw)

@@ -1,0 +1,170 @@
+"""``ninefold predict`` and ``ninefold compare``: the cost model's predicted ledgers beside the measured ones."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from store.errors import NinefoldError
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _print_inputs(pred):
+    click.echo("inputs")
+    click.echo(f"  {'key':32s} {'value':>16s}  {'source':8s} note")
+    for key, val, src, note in pred.cfg.rows():
+        if val is None:
+            continue
+        click.echo(f"  {key:32s} {_fmt(val):>16s}  {src:8s} {note}")
+    hw = pred.cfg.hardware()
+    for f in ("peak_bf16", "hbm_bytes", "hbm_bw", "nvlink_beta", "ib_beta"):
+        src = "config" if f in pred.cfg.hw_overrides else "preset"
+        click.echo(f"  {'hardware.' + f:32s} {_fmt(getattr(hw, f)):>16s}  {src:8s} {hw.name}")
+    if pred.fits:
+        click.echo("calibrated collectives (t = alpha*steps + busbw_factor*bytes/beta)")
+        for f in pred.fits:
+            click.echo(f"  {f.coll:14s} n={f.nranks:<4d} alpha={f.alpha * 1e6:9.3f} us  busbw={f.beta / 1e9:9.2f} GB/s  "
+                       f"points={f.n:<5d} rms={f.rms_rel:.3f}  {f.source}")
+    click.echo("model terms")
+    for name, val, note in pred.details:
+        click.echo(f"  {name:36s} {_fmt(val):>16s}  {note}")
+
+
+def _ledger_table(title, rows):
+    from analysis.ledgers import LEDGERS
+
+    click.echo(title)
+    click.echo(f"  {'':10s} " + " ".join(f"{n[:12]:>12s}" for n in LEDGERS) + f" {'step_ms':>10s}")
+    for label, d in rows:
+        click.echo(f"  {label:10s} " + " ".join(f"{d[n] / 1e6:12.3f}" for n in LEDGERS)
+                   + f" {sum(d.values()) / 1e6:10.3f}")
+
+
+def _memory_table(pred):
+    from analysis.cost_model.memory import MEMORY_ITEMS
+
+    click.echo("predicted memory per GPU (GB)")
+    click.echo(f"  {'rank':10s} " + " ".join(f"{n[:16]:>16s}" for n in MEMORY_ITEMS) + f" {'total':>10s}")
+    seen = {}
+    for r, d in pred.memory.items():
+        key = tuple(round(d[k]) for k in MEMORY_ITEMS)
+        seen.setdefault(key, []).append(r)
+    hbm = pred.cfg.hardware().hbm_bytes
+    for key, ranks in seen.items():
+        d = pred.memory[ranks[0]]
+        tot = sum(d.values())
+        label = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}..{ranks[-1]}" if ranks == list(
+            range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks[:4])) + ("…" if len(ranks) > 4 else "")
+        click.echo(f"  {label:10s} " + " ".join(f"{d[k] / 1e9:16.3f}" for k in MEMORY_ITEMS)
+                   + f" {tot / 1e9:10.3f}" + ("  exceeds HBM" if tot > hbm else ""))
+
+
+def _classes(ledgers):
+    """Group ranks with identical predicted ledgers."""
+    out = {}
+    for r, d in ledgers.items():
+        out.setdefault(tuple(d.values()), []).append(r)
+    return [(ranks, ledgers[ranks[0]]) for ranks in out.values()]
+
+
+def register(cli):
+    @cli.command()
+    @click.argument("config", type=click.Path(dir_okay=False))
+    @click.option("--db", default=None, help="DuckDB file with the traced job (read only)")
+    @click.option("--job", default=None, help="the job whose trace fills in what it tells")
+    @click.option("--no-calibrate", is_flag=True, help="use the presets' alpha/beta and the configured MFU")
+    @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+    def predict(config, db, job, no_calibrate, fmt):
+        """Predict the nine ledgers per step and the memory ledger from CONFIG (TOML)."""
+        from analysis.cost_model.predict import predict_file
+        from store.connection import connect
+
+        if (db is None) != (job is None):
+            click.echo("error: --db and --job go together", err=True)
+            sys.exit(2)
+        con = None
+        try:
+            con = connect(db, read_only=True) if db else None
+            pred = predict_file(config, con, job, calibrate_from_trace=not no_calibrate)
+        except (NinefoldError, OSError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except Exception as e:  # duckdb errors on a file that is not a database
+            if db and type(e).__module__.startswith("duckdb"):
+                click.echo(f"error: {db}: {e}", err=True)
+                sys.exit(2)
+            raise
+        finally:
+            if con is not None:
+                con.close()
+        if fmt == "json":
+            click.echo(json.dumps({"inputs": [dict(zip(("key", "value", "source", "note"), r)) for r in pred.cfg.rows()],
+                                   "ledgers_ns": {str(r): d for r, d in pred.ledgers.items()},
+                                   "memory_bytes": {str(r): d for r, d in pred.memory.items()}}, default=str))
+            return
+        _print_inputs(pred)
+        rows = []
+        for ranks, d in _classes(pred.ledgers):
+            label = str(ranks[0]) if len(ranks) == 1 else f"{len(ranks)} ranks"
+            rows.append((label, d))
+        _ledger_table("predicted ledgers per step (ms), by rank", rows)
+        _memory_table(pred)
+
+    @cli.command()
+    @click.option("--db", required=True, help="DuckDB file with the traced job")
+    @click.option("--job", required=True)
+    @click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
+    @click.option("--no-calibrate", is_flag=True, help="use the presets' alpha/beta and the configured MFU")
+    def compare(db, job, config, no_calibrate):
+        """Store the prediction for JOB and print measured, predicted and residual per ledger."""
+        from analysis.cost_model import compare as cmp
+        from analysis.cost_model.predict import predict_file
+        from analysis.ledgers import LEDGERS
+        from store.connection import connect
+
+        con = None
+        try:
+            con = connect(db)
+            meas = cmp.measured(con, job)
+            if not meas:
+                from analysis.attribution import attribute_job
+
+                if not con.execute("SELECT count(*) FROM traces WHERE job = ?", [job]).fetchone()[0]:
+                    raise NinefoldError(f"{db}: job {job!r} has no traces")
+                click.echo(f"{job}: no ledger_totals yet; running attribution")
+                attribute_job(con, job)
+                meas = cmp.measured(con, job)
+            pred = predict_file(config, con, job, calibrate_from_trace=not no_calibrate)
+            n = cmp.store(con, job, pred)
+        except (NinefoldError, OSError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        finally:
+            if con is not None:
+                con.close()
+        res = cmp.residuals(meas, pred)
+        step_m = sum(v["measured"] for v in res.values())
+        step_p = sum(v["predicted"] for v in res.values())
+        click.echo(f"{job}: config {config} (sha {pred.cfg.sha[:12]}), {len(pred.ledgers)} ranks predicted, "
+                   f"{len(meas)} measured; {n} predicted_ledgers rows stored")
+        click.echo(f"  {'ledger':14s} {'measured_ms':>12s} {'predicted_ms':>13s} {'residual_ms':>12s} {'resid/step':>10s}")
+        for led in LEDGERS:
+            v = res[led]
+            click.echo(f"  {led:14s} {v['measured'] / 1e6:12.3f} {v['predicted'] / 1e6:13.3f} "
+                       f"{v['residual'] / 1e6:12.3f} {v['residual'] / (step_m or 1) * 100:9.1f}%")
+        click.echo(f"  {'step':14s} {step_m / 1e6:12.3f} {step_p / 1e6:13.3f} {(step_m - step_p) / 1e6:12.3f} "
+                   f"{(step_m - step_p) / (step_m or 1) * 100:9.1f}%")
+        diff = cmp.differing_ranks(meas, pred)
+        if diff:
+            click.echo("per rank (measured / predicted ms) where ranks differ")
+            click.echo(f"  {'rank':>4s} " + " ".join(f"{n[:12]:>17s}" for n in LEDGERS))
+            for r in diff:
+                click.echo(f"  {r:4d} " + " ".join(f"{meas[r][k] / 1e6:8.3f}/{pred.ledgers[r][k] / 1e6:<8.3f}"
+                                                   for k in LEDGERS))
+        _memory_table(pred)
