@@ -21,6 +21,7 @@ import pyarrow as pa
 from ingest.kineto import DTYPE_BYTES
 from ingest.nccl_log import first
 from ingest.registry import Loader
+from ingest.common import read_nonempty
 from store.errors import IngestConflict, TraceFormatError
 
 PICKLE_PROTO = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -77,12 +78,7 @@ def sniff(path: Path, head: bytes) -> bool:
 
 
 def read_dump(path: Path) -> tuple[dict, str]:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot read: {e.strerror}") from None
-    if not data.strip():
-        raise TraceFormatError(path, None, "empty file")
+    data = read_nonempty(path)
     if data.startswith(PICKLE_PROTO) or data[:1] == b"\x80":
         obj, fmt = safe_loads(data, path), "pickle"
     else:

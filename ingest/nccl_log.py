@@ -29,6 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ingest.registry import Loader
+from ingest.common import read_nonempty
 from store.errors import IngestConflict, TraceFormatError
 
 SOURCE = "nccl_log"
@@ -106,12 +107,7 @@ def sniff(path: Path, head: bytes) -> bool:
 
 
 def read_text(path: Path) -> tuple[bytes, str]:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot read: {e.strerror}") from None
-    if not data.strip():
-        raise TraceFormatError(path, None, "empty file")
+    data = read_nonempty(path)
     text = data.decode("utf-8", errors="replace")
     if "\x00" in text:
         text = text.replace("\x00", "\ufffd")

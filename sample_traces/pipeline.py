@@ -32,22 +32,10 @@ S_FWD, R_FWD, S_BWD, R_BWD = 20, 21, 22, 23
 
 
 def _schedule(p, m):
-    """1F1B program order per stage: list of ('F'|'B', microbatch)."""
-    progs = []
-    for s in range(p):
-        warm = min(p - s - 1, m)
-        ops = [("F", i) for i in range(warm)]
-        f, b = warm, 0
-        while f < m:
-            ops.append(("F", f))
-            f += 1
-            ops.append(("B", b))
-            b += 1
-        while b < m:
-            ops.append(("B", b))
-            b += 1
-        progs.append(ops)
-    return progs
+    """1F1B program order per stage: list of ('F'|'B', microbatch) — the cost model's own schedule."""
+    from analysis.cost_model.pipeline import program
+
+    return program("1f1b", p, m)
 
 
 def _simulate(p, m, F, T, t0):
