@@ -259,3 +259,52 @@ def test_inference_from_shipped_samples(db):
     assert g["pp"] == gtp["stages"] and g["micro_batches"] == gtp["microbatches"]
     assert {v["axis"] for v in g["groups"].values()} == {"pp"} and "dp" not in g
     assert g["p2p_bytes"] == 8 * 4096 * 1024 * 2
+
+
+def test_expert_loads_from_measured_split_sizes(tmp_path, db):
+    """The generated MoE job routes 3x the tokens to one rank: the loads come from the dispatch all-to-alls'
+    "Out split size" (first of each dispatch/combine pair), and every other rank waits for that rank."""
+    from analysis.cost_model.infer import infer
+    from analysis.cost_model.predict import predict
+    from ingest.load import ingest_paths
+    from sample_traces.moe import generate_moe
+
+    gt = generate_moe(tmp_path / "moe", ranks=4, steps=2, layers=3, overloaded=2, overload=3.0)
+    ingest_paths(db, [str(tmp_path / "moe")], job="moe")
+    f = infer(db, "moe")
+    assert f["ep"] == 4 and f["groups"]["1"]["axis"] == "ep"
+    per_call = [x / (gt["num_steps"] * gt["layers"]) for x in f["ep_loads"]]
+    assert per_call == gt["recv_tokens_per_layer"]
+    assert f["a2a_bytes"] == gt["tokens_sent_per_rank"] * gt["hidden"] * gt["dtype_bytes"]
+    cfg = load_config(write(tmp_path, "[model]\nlayers = 3\nhidden = 4096\nheads = 32\nseq_len = 8192\n"
+                                      "experts = 4\ntop_k = 1\n"))
+    pred = predict(cfg, db, "moe")
+    assert cfg.values["parallel.ep"].source == "trace" and cfg["parallel.dp"] == 4
+    mean = sum(gt["recv_tokens_per_layer"]) / 4
+    loads = next(v for k, v, _ in pred.details if k == "EP loads per EP index")
+    assert loads == pytest.approx([x / mean for x in gt["recv_tokens_per_layer"]], abs=1e-3)
+    led = pred.ledgers
+    assert led[2]["straggler"] == 0
+    assert all(led[r]["straggler"] > 0.1 * sum(led[r].values()) for r in (0, 1, 3))
+    assert len({sum(d.values()) for d in led.values()}) == 1      # one step time: the busiest rank's
+
+
+@needs_shared
+def test_fit_from_real_nccl_tests_log(db):
+    """A real all_reduce_perf run (2 ranks, 8 MB .. 8 GB) ingested by the nccl-tests loader: the relative
+    least-squares fit follows every out-of-place row within 15% and its β is the large-message bus bandwidth."""
+    from ingest import nccl_tests
+
+    path = SHARED_TRACES / "nccl_logs_repo" / "Timez-zx_nccl-tests" / "nccl.log"
+    nccl_tests.load(db, path, "nt")
+    fits = calibrate.fit_from_nccl_tests(db)
+    assert [(f.coll, f.nranks, f.source) for f in fits] == [("allreduce", 2, "nccl-tests")]
+    f = fits[0]
+    rows = db.execute("SELECT size_bytes, time_us, busbw_gbs FROM nccl_tests_results WHERE placement = 'out' "
+                      "ORDER BY size_bytes").fetchall()
+    assert f.n == len(rows) > 5
+    assert f.rms_rel < 0.1
+    for size, t_us, _bw in rows:
+        assert f.time(size) * 1e6 == pytest.approx(t_us, rel=0.15)
+    assert f.beta / 1e9 == pytest.approx(rows[-1][2], rel=0.1)
+    assert 0 < f.alpha < 1e-4

@@ -24,8 +24,10 @@ class Fit:
 
 
 def fit_alpha_beta(coll: str, nranks: int, sizes, times_s, source: str, alpha_prior: float = 0.0) -> Fit | None:
-    """Least squares of t = α·steps(n) + x/β with x = busbw_factor(n)·bytes (numpy lstsq on [1, x]).
-    With a single message size α cannot be told from β: α is held at ``alpha_prior`` and β solved."""
+    """Least squares of t = α·steps(n) + x/β with x = busbw_factor(n)·bytes (numpy lstsq on [1, x]), each
+    row weighted by 1/t so that the relative error is minimised (sizes span decades; unweighted, the largest
+    message would set both terms). With a single message size α cannot be told from β: α is held at
+    ``alpha_prior`` and β solved."""
     coll = canonical(coll)
     if coll is None:
         return None
@@ -38,11 +40,13 @@ def fit_alpha_beta(coll: str, nranks: int, sizes, times_s, source: str, alpha_pr
     steps = max(ring_steps(coll, nranks), 1)
     x = BUSBW[coll](max(nranks, 2)) * sizes
     if np.unique(sizes).size >= 2:
-        A = np.column_stack([np.ones_like(x), x])
-        (c0, c1), *_ = np.linalg.lstsq(A, t, rcond=None)
+        A = np.column_stack([np.ones_like(x), x]) / t[:, None]
+        (c0, c1), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+        if c0 < 0:      # no latency term: refit the slope alone, same weighting
+            w = x / t
+            c0, c1 = 0.0, float(w.sum() / (w * w).sum())
         if c1 <= 0:
             return None
-        c0 = max(c0, 0.0)
     else:
         c0 = min(alpha_prior * steps, float(t.min()) * 0.5)
         c1 = float(np.mean((t - c0) / x))

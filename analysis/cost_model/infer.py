@@ -126,21 +126,25 @@ def _a2a_facts(con, job, pgs, n_steps) -> dict:
             AND pg_name IN ({ph})""", [job, *pgs]).fetchone()[0]
     if b:
         out["a2a_bytes"] = float(b)
-    # measured split sizes: tokens each rank receives (record_param_comms "Out split size")
+    # measured split sizes (record_param_comms "Out split size", tokens received from each member). The
+    # all-to-alls of an EP group come in pairs, the first of each pair carrying tokens to the experts (forward
+    # dispatch; in the backward the combine's gradient, same counts) and the second back (GShard, Lepikhin et
+    # al. 2021 §2.2): a rank's expert load is what it receives in the first of each pair, by Seq order.
     rows = con.execute(f"""
-        SELECT rank, CAST(json_extract(args, '$."Out split size"') AS VARCHAR) AS splits,
-               CAST(json_extract(args, '$."Process Group Ranks"') AS VARCHAR) AS pranks
-        FROM host_ops WHERE job = ? AND name = 'record_param_comms'
-          AND json_extract_string(args, '$."Process Group Name"') IN ({ph})
-          AND json_extract(args, '$."Out split size"') IS NOT NULL""", [job, *pgs]).fetchall()
-    recv: dict = {}
-    for rank, splits, pranks in rows:
-        try:
-            s = json.loads(json.loads(splits)) if splits and splits.startswith('"') else json.loads(splits)
-        except (TypeError, ValueError):
-            continue
-        if isinstance(s, list) and s:
-            recv[rank] = recv.get(rank, 0.0) + float(sum(s))
+        WITH a AS (
+            SELECT rank, json_extract_string(args, '$."Process Group Name"') AS pg,
+                   TRY_CAST(json_extract(args, '$."Seq"') AS BIGINT) AS seq,
+                   list_sum(TRY_CAST(json_extract_string(args, '$."Out split size"') AS DOUBLE[])) AS recv
+            FROM host_ops WHERE job = ? AND name = 'record_param_comms'
+              AND json_extract_string(args, '$."Process Group Name"') IN ({ph})
+              AND lower(json_extract_string(args, '$."Collective name"')) LIKE 'all_to_all%'
+        ), b AS (
+            SELECT rank, recv, row_number() OVER (PARTITION BY rank, pg ORDER BY seq) - 1 AS pos FROM a
+            WHERE seq IS NOT NULL
+        )
+        SELECT rank, sum(recv) FROM b WHERE pos % 2 = 0 GROUP BY rank HAVING count(recv) = count(*)
+        ORDER BY rank""", [job, *pgs]).fetchall()
+    recv = {r: float(x) for r, x in rows if x}
     if len(recv) >= 2:
         order = sorted(recv)
         out["ep_loads"] = [recv[r] for r in order]

@@ -119,7 +119,8 @@ def build_plan(cfg: Config, hw, fits=(), achieved: float | None = None) -> tuple
         moe_stage = cfg["model.moe_layers"] / g["pp"]
         plan.a2a_fwd = plan.a2a_bwd = ns(2 * moe_stage * t1)
         details.append(("EP all-to-all, one", t1, f"{int(payload)} B over {g['ep']}"))
-        details.append(("EP loads (busiest = 1st)", [round(x, 3) for x in loads], "relative to the mean"))
+        details.append(("EP loads per EP index", [round(x, 3) for x in loads],
+                        "relative to the mean, " + ("measured split sizes" if measured else "busiest first")))
     if g["pp"] > 1:
         pb = cfg.get("trace.p2p_bytes") or b * s_loc * h * act_b / (g["tp"] if sp else 1)
         plan.p2p_bytes = int(pb)

@@ -171,7 +171,7 @@ def build_step(plan: StepPlan) -> tuple[dict, dict]:
         return seq[pg]
 
     events = {r: [] for r in range(plan.world)}
-    ends = {}
+    ends, blocks_end, last_cs = {}, {}, {}
     for r in range(plan.world):
         c = coords(plan, r)
         s, e = c["pp"], c["ep"]
@@ -189,18 +189,29 @@ def build_step(plan: StepPlan) -> tuple[dict, dict]:
                 pg, g = _group_of(gs, ax, r) if ax else (None, ())
                 evs.append(Event(r, kk, a, b, stream, f"{name}#{i}", coll, pg, None,
                                  plan.a2a_bytes if ax == "ep" else plan.tp_bytes if ax == "tp" else 0, g))
-        t = max(en[(k, s, i)] for k, i in progs[s])
+        blocks_end[r] = max(en[(k, s, i)] for k, i in progs[s])
+        last_cs[r] = last_c
+    # the gradient sync is issued overlap.dp of its time before a rank's last compute kernel ends and, like
+    # every collective, ends on all members together: the last arrival plus the transfer
+    issue = {}
+    for r in range(plan.world):
         if plan.grad_sync:
-            o = min(int(round(plan.overlap.get("dp", 0.0) * plan.grad_sync)), plan.bwd[e])
-            a = last_c - o
+            o = min(int(round(plan.overlap.get("dp", 0.0) * plan.grad_sync)), plan.bwd[coords(plan, r)["ep"]])
+            issue[r] = last_cs[r] - o
+    for r in range(plan.world):
+        evs = events[r]
+        t = blocks_end[r]
+        if plan.grad_sync:
             pg, g = _group_of(gs, "dp", r)
-            evs.append(Event(r, "comm", a, a + plan.grad_sync, STREAM_DP, "dp_grad_sync", plan.grad_coll, pg, None,
+            a, b = issue[r], max(issue[x] for x in g) + plan.grad_sync
+            evs.append(Event(r, "comm", a, b, STREAM_DP, "dp_grad_sync", plan.grad_coll, pg, None,
                              plan.grad_bytes, g))
-            t = max(t, a + plan.grad_sync)
+            t = max(t, b)
         if plan.optimizer:
             evs.append(Event(r, "compute", t, t + plan.optimizer, STREAM_COMPUTE, "optimizer"))
             t += plan.optimizer
         if plan.param_gather:
+            # every member reaches this point together (same stage, same gradient-sync end)
             o = min(int(round(plan.overlap.get("dp", 0.0) * plan.param_gather)), plan.optimizer)
             a = t - o
             pg, g = _group_of(gs, "dp", r)
