@@ -753,7 +753,7 @@ def _connect_scheduler(scheduler: str, workers: int):
         return Client(cluster), cluster
     try:
         return Client(scheduler, timeout="20s"), None
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, ValueError) as e:
         raise BatchUsageError(f"--scheduler {scheduler}: cannot reach the scheduler ({e})") from None
 
 
@@ -796,7 +796,7 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
         for s in specs:
             logs[s.name].write(f"== night {night}: {len(s.files)} files ==")
             if s.error:
-                failed.append({"job": s.name, "error": s.error, "log": str(logs[s.name].path)})
+                failed.append({"job": s.name, "stage": "discover", "error": s.error, "log": str(logs[s.name].path)})
                 record_failure(con, night, s, s.error)
                 logs[s.name].write(f"FAILED: {s.error}")
                 continue
