@@ -129,6 +129,10 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
             upload_job, dropper, pn.Row(progress, busy_text), errors, table]
 
         # ---------------------------------------------------------- views
+        # one job's views: (module, whether its load takes the selected step)
+        JOB_VIEWS = {"overview": (overview, False), "timeline": (timeline, True), "stragglers": (stragglers, False),
+                     "moe": (moe, False), "pipeline": (pipeline, True), "memory": (memory, False)}
+
         def render(key):
             j = job.value
             try:
@@ -141,18 +145,10 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
                     contents[key].objects = [pn.pane.HTML(note("no job selected: upload traces or run "
                                                                "ninefold ingest"))]
                     return
-                elif key == "overview":
-                    models = overview.render(q(overview.load, j))
-                elif key == "timeline":
-                    models = timeline.render(q(timeline.load, j, step.value))
-                elif key == "stragglers":
-                    models = stragglers.render(q(stragglers.load, j))
-                elif key == "moe":
-                    models = moe.render(q(moe.load, j))
-                elif key == "pipeline":
-                    models = pipeline.render(q(pipeline.load, j, step.value))
-                elif key == "memory":
-                    models = memory.render(q(memory.load, j))
+                elif key in JOB_VIEWS:
+                    view, takes_step = JOB_VIEWS[key]
+                    args = (j, step.value) if takes_step else (j,)
+                    models = view.render(q(view.load, *args))
                 elif key == "compare":
                     b = job_b.value
                     if not b:
