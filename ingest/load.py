@@ -1,8 +1,10 @@
 """The only writer: one trace file → one transaction over the canonical tables."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +34,45 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def discover(paths: list[str | Path]) -> list[tuple[Path, str]]:
-    """(file, default job name) for every trace file named or inside a named directory."""
+SIDE_FILE_BYTES = 1 << 20
+
+
+def side_json_reason(f: Path) -> str | None:
+    """Why a JSON file met in a directory scan is a side file (a manifest, a ground truth), not a trace:
+    a whole small JSON object with no traceEvents. None for anything else, broken files included: those
+    are ingested and fail with their own clear error."""
+    if not f.name.endswith((".json", ".json.gz")):
+        return None
+    try:
+        with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as fh:
+            head = fh.read(SIDE_FILE_BYTES + 1)
+    except (OSError, EOFError, zlib.error):
+        return None
+    if len(head) > SIDE_FILE_BYTES or b'"traceEvents"' in head:
+        return None
+    try:
+        doc = json.loads(head)
+    except ValueError:
+        return None
+    if isinstance(doc, dict):
+        return 'not a Kineto trace: a JSON object with no "traceEvents" array'
+    return None
+
+
+def discover(paths: list[str | Path], skipped: list | None = None) -> list[tuple[Path, str]]:
+    """(file, default job name) for every trace file named or inside a named directory.
+
+    Side JSON files of a scanned directory are left out; with SKIPPED, (file, job, reason) are added to it."""
     out: list[tuple[Path, str]] = []
     for p in map(Path, paths):
         if p.is_dir():
             from ingest.registry import all_suffixes
             suffixes = all_suffixes()
             files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(suffixes))
+            side = {f: side_json_reason(f) for f in files}
+            if skipped is not None:
+                skipped.extend((f, p.resolve().name, why) for f, why in side.items() if why)
+            files = [f for f in files if not side[f]]
             if not files:
                 raise TraceFormatError(p, None, "directory holds no trace files ("
                                        + ", ".join("*" + x for x in suffixes) + ")")
@@ -348,8 +381,12 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
 def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None) -> list[LoadResult]:
     """Ingest every file; a failing file is reported and does not stop the others."""
     results = []
-    files = discover(paths)
-    named = {Path(p).resolve() for p in paths if Path(p).is_file()}
+    side: list = []
+    files = discover(paths, skipped=side)
+    for f, j, why in side:
+        results.append(LoadResult(str(f), job or j, rank, "skipped", f"{f}: {why}"))
+        if on_result:
+            on_result(results[-1])
     loaders = [loader_for(f) for f, _ in files]
     # Small Kineto files are hashed and parsed two at a time on cursors of their own (both cores) while
     # this thread writes the previous one; each file is still its own transaction, in order.
@@ -380,11 +417,6 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
                     r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage, prepared=prep)
             except NinefoldError as e:
                 r = LoadResult(str(f), j, rank, "failed", str(e))
-                # found by scanning a directory and plainly not a trace (a JSON side file such as a
-                # manifest or ground truth): skipped with its reason, not a failure of the command
-                if f.resolve() not in named and isinstance(e, TraceFormatError) and (
-                        "not a Kineto trace" in str(e) or "bare JSON array" in str(e)):
-                    r = LoadResult(str(f), j, rank, "skipped", str(e))
             for one in (r if isinstance(r, list) else [r]):
                 results.append(one)
                 if on_result:

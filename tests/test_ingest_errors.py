@@ -152,3 +152,20 @@ def test_directory_scan_skips_side_json_but_named_file_fails(tmp_path):
     assert "SKIPPED" in r.output and "ground_truth.json" in r.output and "1 stored" in r.output
     r = CliRunner().invoke(cli, ["ingest", str(d / "ground_truth.json"), "--db", db])
     assert r.exit_code == 1 and "not a Kineto trace" in r.output
+
+
+def test_side_json_left_out_by_every_directory_scan(tmp_path):
+    """The shared discovery drops side JSON files, so the nightly batch does not fail a job for them."""
+    from ingest.load import discover
+    from service.batch import discover_jobs
+
+    d = tmp_path / "root" / "job"
+    d.mkdir(parents=True)
+    (d / "rank-0.json").write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": []}))
+    (d / "ground_truth.json").write_text(json.dumps({"seed": 1}))
+    (d / "rank-1.json").write_text('{"traceEvents": [{"ph": ')          # broken: kept, fails on its own
+    skipped = []
+    assert [f.name for f, _ in discover([d], skipped=skipped)] == ["rank-0.json", "rank-1.json"]
+    assert [(f.name, j) for f, j, _ in skipped] == [("ground_truth.json", "job")]
+    jobs = discover_jobs(tmp_path / "root")
+    assert [(j.name, [f.name for f in j.files], j.error) for j in jobs] == [("job", ["rank-0.json", "rank-1.json"], None)]
