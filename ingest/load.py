@@ -41,8 +41,8 @@ def side_json_reason(f: Path) -> str | None:
     """Why a JSON file met in a directory scan is a side file (a manifest, a ground truth), not a trace:
     a whole small JSON object with no traceEvents. None for anything else, broken files included: those
     are ingested and fail with their own clear error."""
-    if not f.name.endswith((".json", ".json.gz")):
-        return None
+    if not f.name.endswith((".json", ".json.gz")) or loader_for(f) is not None:
+        return None      # another format's loader (a Flight Recorder JSON dump, say) takes it
     try:
         with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as fh:
             head = fh.read(SIDE_FILE_BYTES + 1)
