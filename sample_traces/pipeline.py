@@ -20,6 +20,8 @@ import json
 import random
 from pathlib import Path
 
+from analysis.cost_model.pipeline import simulate
+
 from .generate import (BASE_TIME_NS, COMPUTE_STREAM, FIRST_STEP, GEMM_AMPERE, GEMM_H100, FLASH_FWD,
                        LAUNCH_LAT_NS, NCCL_SENDRECV, ELEM_ADD, RankTrace, _TAILS, clock_offsets,
                        footer_text, header_text, metadata_lines, open_out)
@@ -29,48 +31,6 @@ P2P_NS = 20_000
 FWD_SPLIT = [(("aten::mm", GEMM_H100), 0.35), (("aten::_flash_attention_forward", FLASH_FWD), 0.25),
              (("aten::mm", GEMM_AMPERE), 0.3), (("aten::add", ELEM_ADD), 0.10)]
 S_FWD, R_FWD, S_BWD, R_BWD = 20, 21, 22, 23
-
-
-def _schedule(p, m):
-    """1F1B program order per stage: list of ('F'|'B', microbatch) — the cost model's own schedule."""
-    from analysis.cost_model.pipeline import program
-
-    return program("1f1b", p, m)
-
-
-def _simulate(p, m, F, T, t0):
-    """Return start times {('F'|'B', s, i): start} of the compute blocks (true rel ns)."""
-    B = 2 * F
-    progs = _schedule(p, m)
-    start, end = {}, {}
-    pos = [0] * p
-    free = [t0 + s * 0 for s in range(p)]
-    done = 0
-    total = sum(len(x) for x in progs)
-    while done < total:
-        progressed = False
-        for s in range(p):
-            while pos[s] < len(progs[s]):
-                kind, i = progs[s][pos[s]]
-                if kind == "F":
-                    dep = ("F", s - 1, i) if s > 0 else None
-                    if dep and dep not in end:
-                        break
-                    ready = end[dep] + T if dep else free[s]
-                else:
-                    dep = ("B", s + 1, i) if s < p - 1 else ("F", s, i)
-                    if dep not in end:
-                        break
-                    ready = end[dep] + (T if s < p - 1 else 0)
-                st = max(free[s], ready)
-                start[(kind, s, i)] = st
-                end[(kind, s, i)] = st + (F if kind == "F" else B)
-                free[s] = end[(kind, s, i)]
-                pos[s] += 1
-                done += 1
-                progressed = True
-        assert progressed, "1F1B schedule deadlocked"
-    return progs, start, end
 
 
 def generate_1f1b(out_dir, stages=4, microbatches=8, seed=0):
@@ -83,7 +43,8 @@ def generate_1f1b(out_dir, stages=4, microbatches=8, seed=0):
     T = P2P_NS
     S0 = 2_000_000_000
     t_first = S0 + 400_000  # first forward on stage 0 starts here (CPU launched it earlier)
-    progs, start, end = _simulate(p, m, F, T, t_first)
+    # the cost model's own list schedule of 1F1B (backward = 2 x forward), from the first forward's start
+    progs, start, end = simulate("1f1b", p, m, F, 2 * F, T, free0=[t_first] * p)
     pgs = [{"pg_name": str(1 + s), "pg_desc": f"pp_{s}_{s + 1}", "backend_config": "cuda:nccl",
             "pg_size": 2, "ranks": [s, s + 1]} for s in range(p - 1)]
     seqs = {}  # (pg, direction-free) seq counters are shared by both ends: key pg index
