@@ -125,6 +125,201 @@ def _align(con, job):
     return offsets, waits, matched_keys
 
 
+I64_MAX = np.iinfo(np.int64).max
+I64_MIN = np.iinfo(np.int64).min
+GUARD_NS = 1_000_000  # empty stretch of the shared time axis between two ranks: no interval bridges it
+
+
+def _i64(a):
+    return np.asarray(a, dtype=np.int64)
+
+
+def _sweep(allops, hosts, steps, waits, matched_keys, ranks) -> dict:
+    """One vectorised pass over every rank and every step window of a job.
+
+    Each rank's events are shifted onto one shared time axis, rank after rank with a guard gap, so that
+    the per-rank interval algebra (unions, coverage lookups, next-op searches) runs as single numpy calls
+    over the whole job. Times return to each rank's own clock on output.
+    """
+    op_rank = _i64(allops["rank"])
+    fam = np.asarray(allops["fam"], dtype=np.int8)
+    p2p = np.asarray(allops["p2p"], dtype=bool)
+    s, e, launch = _i64(allops["start_ns"]), _i64(allops["end_ns"]), _i64(allops["launch_ns"])
+    kid = np.asarray(allops["kid"], dtype=np.int32)
+    pgid = np.asarray(allops["pgid"], dtype=np.int32)
+    oseq = _i64(allops["seq"])
+    empty = np.zeros(0, dtype=np.int64)
+    res = {"unmatched": 0, "win_rank": np.zeros(0, np.int32), "lab": np.zeros(0, np.int8)}
+    if s.size == 0:
+        return res
+    uniq = np.unique(op_rank)  # ranks with GPU ops; the others have no window
+    R = uniq.size
+    op_ri = np.searchsorted(uniq, op_rank)
+
+    def rank_index(r):
+        r = _i64(r)
+        i = np.minimum(np.searchsorted(uniq, r), R - 1)
+        return i, uniq[i] == r
+
+    # everything that lives on a rank's timeline: (rank index, starts, ends)
+    parts = {}
+    for key in ("rc", "io", "nb"):
+        hr, hs, he = hosts[key]
+        i, ok = rank_index(hr)
+        parts[key] = (i[ok], hs[ok], he[ok])
+    for kind in ("straggler", "bubble"):
+        wr, ws, we = [], [], []
+        for r, d in waits.items():
+            a, b = d.get(kind, ([], []))
+            wr.extend([r] * len(a))
+            ws.extend(a)
+            we.extend(b)
+        i, ok = rank_index(wr)
+        parts[kind] = (i[ok], _i64(ws)[ok], _i64(we)[ok])
+    i, ok = rank_index(steps["rank"])
+    parts["steps"] = (i[ok], _i64(steps["start_ns"])[ok], _i64(steps["end_ns"])[ok])
+    st_step = _i64(steps["step"])[ok]
+    mr = _i64([k[0] for k in matched_keys])
+    ms = _i64([k[1] for k in matched_keys])
+    i, ok = rank_index(mr)
+    mri, ms = i[ok], ms[ok]
+
+    lo = np.full(R, I64_MAX, dtype=np.int64)
+    hi = np.full(R, I64_MIN, dtype=np.int64)
+    np.minimum.at(lo, op_ri, np.minimum(s, launch))
+    np.maximum.at(hi, op_ri, np.maximum(e, launch))
+    for ri, a, b in parts.values():
+        np.minimum.at(lo, ri, np.minimum(a, b))
+        np.maximum.at(hi, ri, np.maximum(a, b))
+    span = hi - lo + GUARD_NS
+    shift = np.concatenate(([0], np.cumsum(span)[:-1])) - lo  # own clock + shift = shared axis
+    vs, ve, vl = s + shift[op_ri], e + shift[op_ri], launch + shift[op_ri]
+    V = {k: (a + shift[ri], b + shift[ri]) for k, (ri, a, b) in parts.items()}
+
+    rc = union(*V["rc"])
+    io = union(*V["io"])
+    nb_s, nb_e = V["nb"]
+    inner = covered(nb_s, *rc)  # nested backward nodes that start inside a checkpoint region
+    nbu = union(nb_s[inner], nb_e[inner])
+    comp, comm, copy = fam == 0, fam == 1, fam == 2
+    is_re = comp & covered(vl, *rc) & ~covered(vl, *nbu)
+    res["unmatched"] = int((~np.isin(vs[comm], ms + shift[mri])).sum())
+
+    # step windows: a step runs from the first GPU start of the work launched in it to the first start of
+    # the next step's work (the last step: to its last GPU end); a rank without steps is one window
+    vst_s, vst_e = V["steps"]
+    st_ri = parts["steps"][0]
+    o = np.argsort(vst_s, kind="stable")
+    vst_s, vst_e, st_ri, st_step = vst_s[o], vst_e[o], st_ri[o], st_step[o]
+    step_of = np.searchsorted(vst_s, vl, side="right") - 1
+    inside = (step_of >= 0) & (vl < vst_e[np.maximum(step_of, 0)] if vst_s.size else False)
+    first = np.full(vst_s.size, I64_MAX, dtype=np.int64)
+    last = np.full(vst_s.size, I64_MIN, dtype=np.int64)
+    np.minimum.at(first, step_of[inside], vs[inside])
+    np.maximum.at(last, step_of[inside], ve[inside])
+    present = np.flatnonzero(last > I64_MIN)
+    w_ri = st_ri[present]
+    w0 = first[present]
+    w1 = last[present].copy()
+    same = w_ri[:-1] == w_ri[1:]
+    w1[:-1][same] = w0[1:][same]
+    w_step = st_step[present]
+    has_steps = np.zeros(R, dtype=bool)
+    has_steps[st_ri] = True
+    bare = np.flatnonzero(~has_steps)
+    if bare.size:
+        block = np.searchsorted(op_ri, np.arange(R))
+        w_ri = np.concatenate([w_ri, bare])
+        w0 = np.concatenate([w0, vs[block[bare]]])  # ops are sorted by start within a rank
+        w1 = np.concatenate([w1, np.maximum.reduceat(ve, block)[bare]])
+        w_step = np.concatenate([w_step, np.full(bare.size, -1, dtype=np.int64)])
+        o = np.argsort(w_ri, kind="stable")
+        w_ri, w0, w1, w_step = w_ri[o], w0[o], w1[o], w_step[o]
+    keep = w1 > w0
+    w_ri, w0, w1, w_step = w_ri[keep], w0[keep], w1[keep], w_step[keep]
+    nw = w0.size
+    if nw == 0:
+        return res
+
+    Cn = union(vs[comp & ~is_re], ve[comp & ~is_re])
+    Cr = union(vs[is_re], ve[is_re])
+    K = union(vs[comm], ve[comm])
+    P = union(vs[copy], ve[copy])
+    Ws = union(*V["straggler"])
+    Wb = union(*V["bubble"])
+    bs, be = union(vs, ve)
+    # elementary segments: the axis cut at every boundary of every set and every window bound (each set's
+    # union is already sorted, so the stable sort only merges sorted runs)
+    pts = np.sort(np.concatenate([w0, w1, *Cn, *Cr, *K, *P, *Ws, *Wb, *io, bs, be]), kind="stable")
+    pts = pts[np.concatenate(([True], pts[1:] != pts[:-1]))]
+    a = np.searchsorted(pts, w0)
+    n_seg = np.searchsorted(pts, w1) - a
+    total_seg = int(n_seg.sum())
+    win_of = np.repeat(np.arange(nw), n_seg)
+    seg = np.arange(total_seg) - np.repeat(np.cumsum(n_seg) - n_seg - a, n_seg)
+    ss, se = pts[seg], pts[seg + 1]
+
+    lab = np.full(total_seg, LEDGER_ID["idle"], dtype=np.int8)
+    inCn = covered(ss, *Cn)
+    inCr = covered(ss, *Cr) & ~inCn
+    inK = covered(ss, *K) & ~inCn & ~inCr
+    inP = covered(ss, *P) & ~inCn & ~inCr & ~inK
+    gap = ~(inCn | inCr | inK | inP)
+    lab[inCn] = LEDGER_ID["compute"]
+    lab[inCr] = LEDGER_ID["recompute"]
+    lab[inK] = LEDGER_ID["exposed_comm"]
+    lab[inK & covered(ss, *Ws)] = LEDGER_ID["straggler"]
+    lab[inK & covered(ss, *Wb)] = LEDGER_ID["bubble"]
+    lab[inP] = LEDGER_ID["memcpy"]
+    # idle gaps: the gap after each busy interval ends at the next op's start; that op's launch time tells
+    # whether the host was late, and a p2p op that waited for a matched peer makes the gap a bubble
+    nxt = np.searchsorted(vs, be, side="left")
+    valid = nxt < vs.size
+    gap_start, nxt = be[valid], nxt[valid]
+    gap_end, gap_launch = vs[nxt], vl[nxt]
+    gap_p2p = p2p[nxt] & covered(gap_end, *Wb)
+    if gap_start.size:
+        gi = np.searchsorted(gap_start, ss, side="right") - 1
+        gic = np.maximum(gi, 0)
+        in_gap = gap & (gi >= 0) & (ss < gap_end[gic])
+        lab[in_gap & (gap_launch[gic] > gap_start[gic])] = LEDGER_ID["host"]
+        lab[in_gap & gap_p2p[gic]] = LEDGER_ID["bubble"]
+    lab[gap & covered(ss, *io)] = LEDGER_ID["io"]
+
+    # drill-down key: the op each segment is charged to (gaps: the op that ends the gap)
+    op = np.full(total_seg, -1, dtype=np.int64)
+    for fmask, fsel in ((comp & ~is_re, inCn), (is_re, inCr), (comm, inK), (copy, inP)):
+        if fsel.any():
+            idx = np.flatnonzero(fmask)
+            rm, hold = _cover_index(vs[idx], ve[idx])
+            c = _covering(ss[fsel], vs[idx], rm, hold)
+            op[fsel] = np.where(c >= 0, idx[np.maximum(c, 0)], -1)
+    if gap.any():
+        nx = np.searchsorted(vs, se[gap], side="left")
+        op[gap] = np.where(nx < vs.size, nx, -1)
+
+    nl = len(LEDGERS)
+    # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
+    tot = np.bincount(win_of * nl + lab, weights=se - ss, minlength=nw * nl).astype(np.int64).reshape(nw, nl)
+    assert np.array_equal(tot.sum(axis=1), w1 - w0)
+    # merge adjacent segments of one window and ledger charged to the same op
+    change = np.flatnonzero((np.diff(lab) != 0) | (np.diff(op) != 0) | (np.diff(win_of) != 0)) + 1
+    starts = np.concatenate([[0], change])
+    ends = np.concatenate([change, [total_seg]])
+    o = op[starts]
+    oc = np.maximum(o, 0)
+    wi = win_of[starts]
+    ri = w_ri[wi]
+    res.update({
+        "win_rank": uniq[w_ri].astype(np.int32), "win_step": w_step.astype(np.int32),
+        "w0": w0 - shift[w_ri], "w1": w1 - shift[w_ri], "totals": tot,
+        "rank": uniq[ri].astype(np.int32), "step": w_step[wi].astype(np.int32), "lab": lab[starts],
+        "start": ss[starts] - shift[ri], "end": se[ends - 1] - shift[ri],
+        "kid": np.where(o >= 0, kid[oc], -1), "pgid": np.where(o >= 0, pgid[oc], -1),
+        "seq": np.where(o >= 0, oseq[oc], -1)})
+    return res
+
+
 def attribute_job(con, job: str) -> dict:
     _ensure_tables(con)
     for t in DDL:
@@ -134,9 +329,6 @@ def attribute_job(con, job: str) -> dict:
     offsets, waits, matched_keys = _align(con, job)
     ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
-    out_intervals = []
-    out_totals = []
-    unmatched_total = 0
     # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
     import pyarrow as pa
 
@@ -171,7 +363,6 @@ def attribute_job(con, job: str) -> dict:
         LEFT JOIN _pgs p ON p.pg_name = ck.pg_name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
         ORDER BY g.rank, g.start_ns""", [job, job, job]).fetchnumpy()
-    op_rank = np.asarray(allops["rank"], dtype=np.int64)
     hosts = {}
     for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
         h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}) ORDER BY rank",
@@ -179,197 +370,37 @@ def attribute_job(con, job: str) -> dict:
         hosts[key] = (np.asarray(h["rank"], dtype=np.int64), np.asarray(h["start_ns"], dtype=np.int64),
                       np.asarray(h["end_ns"], dtype=np.int64))
     all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
-                            [job]).fetchall()
-    out_windows = []
-    for rank in ranks:
-        lo, hi = np.searchsorted(op_rank, [rank, rank + 1])
-        ops = {k: v[lo:hi] for k, v in allops.items()}
-        if len(ops["start_ns"]) == 0:
-            continue
-        fam = np.asarray(ops["fam"], dtype=np.int8)
-        p2p = np.asarray(ops["p2p"], dtype=bool)
-        s = np.asarray(ops["start_ns"], dtype=np.int64)
-        e = np.asarray(ops["end_ns"], dtype=np.int64)
-        launch = np.asarray(ops["launch_ns"], dtype=np.int64)
-        kid = np.asarray(ops["kid"], dtype=np.int32)
-        pgid = np.asarray(ops["pgid"], dtype=np.int32)
-        oseq = np.asarray(ops["seq"], dtype=np.int64)
-
-        def host_union(key):
-            hr, hs, he = hosts[key]
-            m = hr == rank
-            return union(hs[m], he[m])
-
-        rc_s, rc_e = host_union("rc")
-        io_s, io_e = host_union("io")
-        nr, ns_, ne_ = hosts["nb"]
-        nm = (nr == rank)
-        nb_s, nb_e = ns_[nm], ne_[nm]
-        inner = covered(nb_s, rc_s, rc_e)  # nested backward nodes that start inside a checkpoint region
-        nb_s, nb_e = union(nb_s[inner], nb_e[inner])
-        is_re = (fam == 0) & covered(launch, rc_s, rc_e) & ~covered(launch, nb_s, nb_e)
-        comp = fam == 0
-        comm = fam == 1
-        copy = fam == 2
-        mk = np.array(sorted(k[1] for k in matched_keys if k[0] == rank), dtype=np.int64)
-        comm_unmatched = int((~np.isin(s[comm], mk)).sum())
-        unmatched_total += comm_unmatched
-
-        steps = [x[1:] for x in all_steps if x[0] == rank]
-        if steps:
-            st_s = np.array([x[1] for x in steps], dtype=np.int64)
-            step_of = np.searchsorted(st_s, launch, side="right") - 1
-            st_e = np.array([x[2] for x in steps], dtype=np.int64)
-            inside = (step_of >= 0) & (launch < st_e[np.maximum(step_of, 0)])
-            step_of = np.where(inside, step_of, -1)
-            ok = step_of >= 0
-            n_st = len(steps)
-            first = np.full(n_st, np.iinfo(np.int64).max, dtype=np.int64)
-            last = np.full(n_st, np.iinfo(np.int64).min, dtype=np.int64)
-            np.minimum.at(first, step_of[ok], s[ok])
-            np.maximum.at(last, step_of[ok], e[ok])
-            present = np.flatnonzero(last > np.iinfo(np.int64).min)
-            windows = []
-            for idx_i, si in enumerate(present):
-                w0 = int(first[si])
-                w1 = int(first[present[idx_i + 1]]) if idx_i + 1 < len(present) else int(last[si])
-                windows.append((steps[si][0], w0, w1))
-        else:
-            windows = [(-1, int(s.min()), int(e.max()))]
-
-        Cn = union(s[comp & ~is_re], e[comp & ~is_re])
-        Cr = union(s[is_re], e[is_re])
-        K = union(s[comm], e[comm])
-        P = union(s[copy], e[copy])
-        Ws = union(*waits.get(rank, {}).get("straggler", ([], [])))
-        Wb = union(*waits.get(rank, {}).get("bubble", ([], [])))
-        busy = union(s, e)
-        order = np.argsort(s, kind="stable")
-        s_sorted = s[order]
-        is_p2p_next = p2p[order]
-        launch_sorted = launch[order]
-        # per family, ops sorted by start, to find the op each segment is charged to
-        fam_ix = {}
-        for fcode, fmask in ((0, comp & ~is_re), (3, is_re), (1, comm), (2, copy)):
-            idx = np.flatnonzero(fmask)
-            idx = idx[np.argsort(s[idx], kind="stable")]
-            rm, hold = _cover_index(s[idx], e[idx])
-            fam_ix[fcode] = (idx, s[idx], rm, hold)
-
-        for step, w0, w1 in windows:
-            if w1 <= w0:
-                continue
-            # only the intervals that touch this window (plus one before it, whose end may open a gap)
-            def win(u, w0=w0, w1=w1):
-                i0 = max(int(np.searchsorted(u[1], w0, side="right")) - 1, 0)
-                i1 = int(np.searchsorted(u[0], w1, side="right"))
-                return u[0][i0:i1], u[1][i0:i1]
-
-            wCn, wCr, wK, wP, wWs, wWb, wIO, wB = (win(u) for u in (Cn, Cr, K, P, Ws, Wb, (io_s, io_e), busy))
-            # gaps of the window: complement of GPU busy time; each gap's next op gives its launch time
-            bs, be = wB
-            cut = [np.array([w0, w1], dtype=np.int64)]
-            for us, ue in (wCn, wCr, wK, wP, wWs, wWb, wIO, wB):
-                cut.append(np.minimum(np.maximum(us, w0), w1))
-                cut.append(np.minimum(np.maximum(ue, w0), w1))
-            # gap ends: the start of each busy interval; next op index at that instant
-            nxt = np.searchsorted(s_sorted, be, side="left")  # first op starting at/after a busy end
-            valid = nxt < s_sorted.size
-            gap_start = be[valid]
-            gap_launch = launch_sorted[nxt[valid]]
-            gap_p2p = is_p2p_next[nxt[valid]]
-            gap_end = s_sorted[nxt[valid]]
-            # a gap is bubble only when the p2p op that ends it waited for a peer that was matched
-            gap_p2p = gap_p2p & covered(gap_end, *wWb)
-            pts = np.sort(np.concatenate(cut))
-            pts = pts[np.concatenate(([True], pts[1:] != pts[:-1]))]
-            seg_s, seg_e = pts[:-1], pts[1:]
-            lab = np.full(seg_s.size, LEDGER_ID["idle"], dtype=np.int8)
-            inCn = covered(seg_s, *wCn)
-            inCr = covered(seg_s, *wCr) & ~inCn
-            inK = covered(seg_s, *wK) & ~inCn & ~inCr
-            inP = covered(seg_s, *wP) & ~inCn & ~inCr & ~inK
-            gap = ~(inCn | inCr | inK | inP)
-            lab[inCn] = LEDGER_ID["compute"]
-            lab[inCr] = LEDGER_ID["recompute"]
-            lab[inK] = LEDGER_ID["exposed_comm"]
-            lab[inK & covered(seg_s, *wWs)] = LEDGER_ID["straggler"]
-            lab[inK & covered(seg_s, *wWb)] = LEDGER_ID["bubble"]
-            lab[inP] = LEDGER_ID["memcpy"]
-            # idle gaps: which gap (by the busy interval that ends before it) holds each segment
-            gi = np.searchsorted(gap_start, seg_s, side="right") - 1
-            has = gap & (gi >= 0)
-            gi_c = np.maximum(gi, 0)
-            if gap_start.size:
-                in_gap = has & (seg_s < gap_end[gi_c])
-                # the work that ends the gap was launched after the gap began: the host was late (whole gap)
-                host = in_gap & (gap_launch[gi_c] > gap_start[gi_c])
-                lab[in_gap & host] = LEDGER_ID["host"]
-                lab[in_gap & gap_p2p[gi_c]] = LEDGER_ID["bubble"]
-            lab[gap & covered(seg_s, *wIO)] = LEDGER_ID["io"]
-            # drill-down key: the op each segment is charged to (gaps: the op that ends the gap)
-            op = np.full(seg_s.size, -1, dtype=np.int64)
-            for fcode, fsel in ((0, inCn), (3, inCr), (1, inK), (2, inP)):
-                idx, fs, rm, hold = fam_ix[fcode]
-                if fsel.any():
-                    c = _covering(seg_s[fsel], fs, rm, hold)
-                    op[np.flatnonzero(fsel)] = np.where(c >= 0, idx[np.maximum(c, 0)], -1)
-            if gap.any():
-                nx = np.searchsorted(s_sorted, seg_e[gap], side="left")
-                op[np.flatnonzero(gap)] = np.where(nx < s_sorted.size, order[np.minimum(nx, s_sorted.size - 1)], -1)
-            dur = seg_e - seg_s
-            # np.clip is avoided in this loop: its per-call overhead exceeds the work at these sizes
-            # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
-            tot = np.bincount(lab, weights=dur, minlength=len(LEDGERS)).astype(np.int64)
-            assert int(tot.sum()) == w1 - w0
-            for li, name in enumerate(LEDGERS):
-                out_totals.append((job, rank, step, name, int(tot[li])))
-            # merge adjacent segments of one ledger charged to the same op
-            okey = np.where(op >= 0, kid[np.maximum(op, 0)], -1)
-            change = np.flatnonzero((np.diff(lab) != 0) | (np.diff(op) != 0)) + 1
-            starts = np.concatenate([[0], change])
-            ends = np.concatenate([change, [lab.size]])
-            o = op[starts]
-            oc = np.maximum(o, 0)
-            out_intervals.append((rank, step, lab[starts], seg_s[starts], seg_e[ends - 1],
-                                  okey[starts], np.where(o >= 0, pgid[oc], -1), np.where(o >= 0, oseq[oc], -1)))
-            out_windows.append((job, rank, step, w0, w1))
-    if out_windows:
-
-        cols = list(zip(*out_windows))
-        con.register("_sw", pa.table({"job": cols[0], "rank": cols[1], "step": cols[2],
-                                      "start_ns": pa.array(cols[3], pa.int64()), "end_ns": pa.array(cols[4], pa.int64())}))
+                            [job]).fetchnumpy()
+    out = _sweep(allops, hosts, all_steps, waits, matched_keys, ranks)
+    unmatched_total = out["unmatched"]
+    nw = out["win_rank"].size
+    n_intervals = int(out["lab"].size)
+    if nw:
+        con.register("_sw", pa.table({"job": pa.array([job] * nw, pa.string()), "rank": out["win_rank"],
+                                      "step": out["win_step"], "start_ns": out["w0"], "end_ns": out["w1"]}))
         con.execute("INSERT INTO step_windows SELECT * FROM _sw")
         con.unregister("_sw")
-    n_intervals = sum(len(x[2]) for x in out_intervals)
-    if out_intervals:
-        lab = np.concatenate([x[2] for x in out_intervals])
 
         def named(codes, names):
             # -1 = no name; dictionary-encoded, so no join and no per-row string is built here
             codes = np.asarray(codes, dtype=np.int32)
             return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
 
-        seq = np.concatenate([x[7] for x in out_intervals]).astype(np.int64)
-        tbl = pa.table({
-            "rank": np.concatenate([np.full(len(x[2]), x[0], np.int32) for x in out_intervals]),
-            "step": np.concatenate([np.full(len(x[2]), x[1], np.int32) for x in out_intervals]),
-            "ledger": named(lab, list(LEDGERS)),
-            "start_ns": np.concatenate([x[3] for x in out_intervals]),
-            "end_ns": np.concatenate([x[4] for x in out_intervals]),
-            "op_name": named(np.concatenate([x[5] for x in out_intervals]), knames),
-            "pg_name": named(np.concatenate([x[6] for x in out_intervals]), pg_names),
-            "seq": pa.array(seq, mask=seq < 0),
-        })
-        con.register("_li", tbl)
+        seq = out["seq"]
+        con.register("_li", pa.table({
+            "rank": out["rank"], "step": out["step"], "ledger": named(out["lab"], list(LEDGERS)),
+            "start_ns": out["start"], "end_ns": out["end"], "op_name": named(out["kid"], knames),
+            "pg_name": named(out["pgid"], pg_names), "seq": pa.array(seq, mask=seq < 0)}))
         # produced rank by rank, window by window, in time order: already sorted for range scans
         con.execute("""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
             SELECT ?, * FROM _li""", [job])
         con.unregister("_li")
-        cols = list(zip(*out_totals))
-        tbl = pa.table({"job": cols[0], "rank": cols[1], "step": cols[2], "ledger": cols[3],
-                        "ns": pa.array(cols[4], pa.int64())})
-        con.register("_lt", tbl)
+        nl = len(LEDGERS)
+        con.register("_lt", pa.table({
+            "job": pa.array([job] * (nw * nl), pa.string()), "rank": np.repeat(out["win_rank"], nl),
+            "step": np.repeat(out["win_step"], nl),
+            "ledger": named(np.tile(np.arange(nl, dtype=np.int32), nw), list(LEDGERS)),
+            "ns": out["totals"].reshape(-1)}))
         con.execute("INSERT INTO ledger_totals SELECT * FROM _lt")
         con.unregister("_lt")
     con.unregister("_kclass")
@@ -377,4 +408,4 @@ def attribute_job(con, job: str) -> dict:
     if unmatched_total:
         con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'unmatched_comm', ?, ?)",
                     [job, unmatched_total, f"comm kernels with no peer trace (world {world}); charged to exposed_comm"])
-    return {"intervals": n_intervals, "totals": len(out_totals), "offsets": offsets}
+    return {"intervals": n_intervals, "totals": nw * len(LEDGERS), "offsets": offsets}
