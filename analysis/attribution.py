@@ -62,69 +62,6 @@ def _covering(x, fs, runmax, holder):
     return out
 
 
-def _align(con, job):
-    """Per-rank clock offsets from matched collective completions, and per-collective arrival info.
-
-    A collective ends at nearly the same instant on every member, so offset_r = median over matched
-    collectives of (end_r − median end of that collective). Residual = median |deviation| after removal.
-    """
-    rows = con.execute("""
-        SELECT rank, pg_name, seq, lower(coll), start_ns, end_ns, group_size
-        FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
-                       [job]).fetchall()
-    ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
-    offsets = {r: 0 for r in ranks}
-    groups: dict = {}
-    for rank, pg, seq, coll, s, e, gsz in rows:
-        groups.setdefault((pg, seq, coll in P2P_COLLS), []).append((rank, s, e, gsz or 0, coll))
-    matched = {k: v for k, v in groups.items() if len({m[0] for m in v}) >= 2}
-    if matched:
-        dev: dict = {r: [] for r in ranks}
-        for _ in range(2):  # refine once with the offsets found
-            dev = {r: [] for r in ranks}
-            for members in matched.values():
-                ends = np.array([e - offsets[r] for r, s, e, g, c in members])
-                med = np.median(ends)
-                for (r, s, e, g, c), a in zip(members, ends):
-                    dev[r].append(a - med)
-            for r in ranks:
-                if dev[r]:
-                    offsets[r] += int(np.median(dev[r]))
-            ref = offsets[ranks[0]]
-            offsets = {r: o - ref for r, o in offsets.items()}
-    con.execute("DELETE FROM clock_offsets WHERE job = ?", [job])
-    for r in ranks:
-        resid = 0
-        n = 0
-        if matched:
-            d = []
-            for members in matched.values():
-                ends = np.array([e - offsets[m[0]] for m in members for e in [m[2]]])
-                med = np.median(ends)
-                d.extend(abs(a - med) for m, a in zip(members, ends) if m[0] == r)
-            n = len(d)
-            resid = int(np.median(d)) if d else 0
-        con.execute("INSERT INTO clock_offsets VALUES (?, ?, ?, ?, ?)", [job, r, offsets[r], resid, n])
-    # wait intervals per rank: [own start, last arrival) in the rank's own clock
-    waits = {r: {"straggler": ([], []), "bubble": ([], [])} for r in ranks}
-    matched_keys = set()
-    for key, members in groups.items():
-        p2p = key[2]
-        present = {m[0] for m in members}
-        need = 2 if p2p else max(m[3] for m in members)
-        if len(present) < max(need, 2):
-            continue
-        last = max(s - offsets[r] for r, s, e, g, c in members)
-        for r, s, e, g, c in members:
-            w_end = min(e, last + offsets[r])
-            if w_end > s:
-                kind = "bubble" if p2p else "straggler"
-                waits[r][kind][0].append(s)
-                waits[r][kind][1].append(w_end)
-            matched_keys.add((r, s))
-    return offsets, waits, matched_keys
-
-
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
 GUARD_NS = 1_000_000  # empty stretch of the shared time axis between two ranks: no interval bridges it
@@ -134,7 +71,7 @@ def _i64(a):
     return np.asarray(a, dtype=np.int64)
 
 
-def _sweep(allops, hosts, steps, waits, matched_keys, ranks) -> dict:
+def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     """One vectorised pass over every rank and every step window of a job.
 
     Each rank's events are shifted onto one shared time axis, rank after rank with a guard gap, so that
@@ -168,19 +105,13 @@ def _sweep(allops, hosts, steps, waits, matched_keys, ranks) -> dict:
         i, ok = rank_index(hr)
         parts[key] = (i[ok], hs[ok], he[ok])
     for kind in ("straggler", "bubble"):
-        wr, ws, we = [], [], []
-        for r, d in waits.items():
-            a, b = d.get(kind, ([], []))
-            wr.extend([r] * len(a))
-            ws.extend(a)
-            we.extend(b)
+        wr, ws, we = waits[kind]
         i, ok = rank_index(wr)
         parts[kind] = (i[ok], _i64(ws)[ok], _i64(we)[ok])
     i, ok = rank_index(steps["rank"])
     parts["steps"] = (i[ok], _i64(steps["start_ns"])[ok], _i64(steps["end_ns"])[ok])
     st_step = _i64(steps["step"])[ok]
-    mr = _i64([k[0] for k in matched_keys])
-    ms = _i64([k[1] for k in matched_keys])
+    mr, ms = _i64(matched_keys[0]), _i64(matched_keys[1])
     i, ok = rank_index(mr)
     mri, ms = i[ok], ms[ok]
 
@@ -320,14 +251,96 @@ def _sweep(allops, hosts, steps, waits, matched_keys, ranks) -> dict:
     return res
 
 
+def _group_median(g, v, n_groups):
+    """Median of v within each group id g (0..n_groups-1, float; NaN where a group is empty)."""
+    o = np.lexsort((v, g))
+    gs, vs = g[o], v[o]
+    cnt = np.bincount(gs, minlength=n_groups)
+    first = np.cumsum(cnt) - cnt
+    lo = first + (cnt - 1) // 2
+    hi = first + cnt // 2
+    med = np.full(n_groups, np.nan)
+    ok = cnt > 0
+    med[ok] = (vs[lo[ok]].astype(np.float64) + vs[hi[ok]]) / 2
+    return med
+
+
+def _align(con, job, ranks):
+    """Per-rank clock offsets from matched collective completions, and per-collective arrival info.
+
+    A collective ends at nearly the same instant on every member, so offset_r = median over matched
+    collectives of (end_r − median end of that collective), refined once. Residual = median |deviation|
+    after removal. Times are taken relative to the job's first collective end so the medians are exact.
+    Returns offsets {rank: ns}, wait intervals {"straggler"|"bubble": (rank, start, end)} in each rank's own
+    clock ([own start, last member's arrival)), and (rank, start) of every collective kernel with its peers.
+    """
+    c = con.execute(f"""
+        SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz,
+               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid,
+               lower(coll) IN {P2P_COLLS} AS p2p
+        FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
+                    [job]).fetchnumpy()
+    ranks_a = _i64(ranks)
+    R = ranks_a.size
+    off = np.zeros(R, dtype=np.int64)
+    resid = np.zeros(R, dtype=np.int64)
+    n_m = np.zeros(R, dtype=np.int64)
+    ri = np.searchsorted(ranks_a, _i64(c["rank"]))
+    s, e = _i64(c["start_ns"]), _i64(c["end_ns"])
+    gid = _i64(c["gid"])
+    G = int(gid.max()) + 1 if gid.size else 0
+    waits = {k: (empty, empty, empty) for k in ("straggler", "bubble") for empty in [np.zeros(0, np.int64)]}
+    matched_keys = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if G:
+        t0 = int(e.min())
+        er, sr = e - t0, s - t0
+        # distinct member ranks per collective
+        pair = np.unique(gid * R + ri)
+        present = np.bincount(pair // R, minlength=G)
+        m = present[gid] >= 2  # matched: at least two ranks saw it
+        if m.any():
+            gm, rm_, em = gid[m], ri[m], er[m]
+            for _ in range(2):  # refine once with the offsets found
+                adj = em - off[rm_]
+                dev = adj - _group_median(gm, adj, G)[gm]
+                d = _group_median(rm_, dev, R)
+                has = ~np.isnan(d)
+                off[has] += np.trunc(d[has]).astype(np.int64)
+                off -= off[0]
+            adj = em - off[rm_]
+            ad = np.abs(adj - _group_median(gm, adj, G)[gm])
+            n_m = np.bincount(rm_, minlength=R)
+            med = _group_median(rm_, ad, R)
+            resid = np.where(np.isnan(med), 0, np.trunc(np.nan_to_num(med))).astype(np.int64)
+        p2p = np.asarray(c["p2p"], dtype=bool)
+        gp2p = np.zeros(G, dtype=bool)
+        gp2p[gid] = p2p
+        need = np.zeros(G, dtype=np.int64)
+        np.maximum.at(need, gid, _i64(c["gsz"]))
+        need = np.where(gp2p, 2, np.maximum(need, 2))
+        acc = (present >= need)[gid]
+        last = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(last, gid, sr - off[ri])
+        w_end = np.minimum(er, last[gid] + off[ri]) + t0
+        w = acc & (w_end > s)
+        for kind, sel in (("straggler", w & ~p2p), ("bubble", w & p2p)):
+            waits[kind] = (ranks_a[ri[sel]], s[sel], w_end[sel])
+        matched_keys = (ranks_a[ri[acc]], s[acc])
+    con.execute("DELETE FROM clock_offsets WHERE job = ?", [job])
+    con.execute("INSERT INTO clock_offsets SELECT ?, unnest(?::INTEGER[]), unnest(?::BIGINT[]), "
+                "unnest(?::BIGINT[]), unnest(?::INTEGER[])",
+                [job, ranks_a.tolist(), off.tolist(), resid.tolist(), n_m.tolist()])
+    return {int(r): int(o) for r, o in zip(ranks_a, off)}, waits, matched_keys
+
+
 def attribute_job(con, job: str) -> dict:
     _ensure_tables(con)
     for t in DDL:
         if t != "clock_offsets":
             con.execute(f"DELETE FROM {t} WHERE job = ?", [job])
     con.execute("DELETE FROM diagnostics WHERE job = ? AND source = 'attribution'", [job])
-    offsets, waits, matched_keys = _align(con, job)
     ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
+    offsets, waits, matched_keys = _align(con, job, ranks)
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
     # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
     import pyarrow as pa
@@ -371,7 +384,7 @@ def attribute_job(con, job: str) -> dict:
                       np.asarray(h["end_ns"], dtype=np.int64))
     all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
                             [job]).fetchnumpy()
-    out = _sweep(allops, hosts, all_steps, waits, matched_keys, ranks)
+    out = _sweep(allops, hosts, all_steps, waits, matched_keys)
     unmatched_total = out["unmatched"]
     nw = out["win_rank"].size
     n_intervals = int(out["lab"].size)

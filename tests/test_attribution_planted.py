@@ -45,6 +45,19 @@ def test_a_straggler_wait_charged_to_the_others(job):
     assert resid <= 1000
 
 
+def test_planted_clock_offsets_recovered_to_the_nanosecond(tmp_path):
+    # epoch-scale timestamps (~1.7e18 ns) are beyond float64's exact range (256 ns steps): the medians
+    # behind the offsets must be taken in integers relative to the job, or the offsets come out rounded
+    gt = generate(tmp_path / "dp8", ranks=8, steps=3, seed=5)
+    con = connect(tmp_path / "o.duckdb")
+    ingest_paths(con, [tmp_path / "dp8"], job="dp8")
+    attribute_job(con, "dp8")
+    got = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE job = 'dp8'").fetchall())
+    planted = {r["rank"]: r["clock_offset_ns"] for r in gt["ranks"]}
+    for r, off in planted.items():
+        assert abs(got[r] - (off - planted[0])) <= 1, (r, got[r], off - planted[0])
+
+
 def test_b_pipeline_bubble_fraction(tmp_path):
     gt = generate_1f1b(tmp_path / "pp", stages=4, microbatches=8, seed=1)
     con = connect(tmp_path / "pp.duckdb")

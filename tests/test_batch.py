@@ -175,7 +175,8 @@ def test_shares_are_window_fractions(nights):
     shares = nights["n1_summary"]["shares_pct"]
     con = duckdb.connect(str(nights["serial1"]), read_only=True)
     for job, sh in shares.items():
-        assert abs(sum(sh.values()) - 100) < 1e-6
+        # each share is rounded to 4 decimals in the summary: the sum is 100 within half a unit per ledger
+        assert abs(sum(sh.values()) - 100) <= len(sh) * 0.5e-4 + 1e-9
         # the planted straggler and dataloader show up as their ledgers
         assert sh["straggler"] > 0 and sh["io"] > 0 and sh["compute"] > 50
         windows = con.execute("SELECT rank, step, end_ns - start_ns FROM step_windows WHERE job = ?",
