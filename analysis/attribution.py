@@ -180,28 +180,33 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     Wb = union(*V["bubble"])
     bs, be = union(vs, ve)
     # elementary segments: the axis cut at every boundary of every set and every window bound (each set's
-    # union is already sorted, so the stable sort only merges sorted runs)
-    pts = np.sort(np.concatenate([w0, w1, *Cn, *Cr, *K, *P, *Ws, *Wb, *io, bs, be]), kind="stable")
+    # union is already sorted, so the stable sort only merges sorted runs; the busy union's boundaries are
+    # among the four families' own)
+    pts = np.sort(np.concatenate([w0, w1, *Cn, *Cr, *K, *P, *Ws, *Wb, *io]), kind="stable")
     pts = pts[np.concatenate(([True], pts[1:] != pts[:-1]))]
-    a = np.searchsorted(pts, w0)
-    n_seg = np.searchsorted(pts, w1) - a
-    total_seg = int(n_seg.sum())
-    win_of = np.repeat(np.arange(nw), n_seg)
-    seg = np.arange(total_seg) - np.repeat(np.cumsum(n_seg) - n_seg - a, n_seg)
-    ss, se = pts[seg], pts[seg + 1]
+    # every set boundary is one of pts, so coverage of the M elementary segments [pts[k], pts[k+1]) is a
+    # running sum of +1/-1 marks at the set's boundary positions: linear passes, no search per segment
+    M = pts.size - 1
 
-    lab = np.full(total_seg, LEDGER_ID["idle"], dtype=np.int8)
-    inCn = covered(ss, *Cn)
-    inCr = covered(ss, *Cr) & ~inCn
-    inK = covered(ss, *K) & ~inCn & ~inCr
-    inP = covered(ss, *P) & ~inCn & ~inCr & ~inK
+    def cover(u):
+        d = np.zeros(M + 1, dtype=np.int8)
+        d[np.searchsorted(pts, u[0])] = 1  # a union's intervals never touch: the marks never collide
+        d[np.searchsorted(pts, u[1])] = -1
+        return np.cumsum(d[:-1], dtype=np.int8).view(bool)
+
+    lab = np.full(M, LEDGER_ID["idle"], dtype=np.int8)
+    inCn = cover(Cn)
+    inCr = cover(Cr) & ~inCn
+    inK = cover(K) & ~inCn & ~inCr
+    inP = cover(P) & ~inCn & ~inCr & ~inK
     gap = ~(inCn | inCr | inK | inP)
     lab[inCn] = LEDGER_ID["compute"]
     lab[inCr] = LEDGER_ID["recompute"]
     lab[inK] = LEDGER_ID["exposed_comm"]
-    lab[inK & covered(ss, *Ws)] = LEDGER_ID["straggler"]
-    lab[inK & covered(ss, *Wb)] = LEDGER_ID["bubble"]
+    lab[inK & cover(Ws)] = LEDGER_ID["straggler"]
+    lab[inK & cover(Wb)] = LEDGER_ID["bubble"]
     lab[inP] = LEDGER_ID["memcpy"]
+    ss, se = pts[:-1], pts[1:]
     # idle gaps: the gap after each busy interval ends at the next op's start; that op's launch time tells
     # whether the host was late, and a p2p op that waited for a matched peer makes the gap a bubble
     nxt = np.searchsorted(vs, be, side="left")
@@ -210,24 +215,47 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     gap_end, gap_launch = vs[nxt], vl[nxt]
     gap_p2p = p2p[nxt] & covered(gap_end, *Wb)
     if gap_start.size:
-        gi = np.searchsorted(gap_start, ss, side="right") - 1
+        d = np.zeros(M, dtype=np.int32)
+        gpos = np.searchsorted(pts, gap_start)
+        d[gpos[gpos < M]] = 1
+        gi = np.cumsum(d) - 1  # the last gap that began at or before each segment
         gic = np.maximum(gi, 0)
         in_gap = gap & (gi >= 0) & (ss < gap_end[gic])
         lab[in_gap & (gap_launch[gic] > gap_start[gic])] = LEDGER_ID["host"]
         lab[in_gap & gap_p2p[gic]] = LEDGER_ID["bubble"]
-    lab[gap & covered(ss, *io)] = LEDGER_ID["io"]
+    lab[gap & cover(io)] = LEDGER_ID["io"]
 
     # drill-down key: the op each segment is charged to (gaps: the op that ends the gap)
-    op = np.full(total_seg, -1, dtype=np.int64)
+    op = np.full(M, -1, dtype=np.int64)
     for fmask, fsel in ((comp & ~is_re, inCn), (is_re, inCr), (comm, inK), (copy, inP)):
         if fsel.any():
-            idx = np.flatnonzero(fmask)
+            idx = np.flatnonzero(fmask)  # ops are in start order
             rm, hold = _cover_index(vs[idx], ve[idx])
-            c = _covering(ss[fsel], vs[idx], rm, hold)
-            op[fsel] = np.where(c >= 0, idx[np.maximum(c, 0)], -1)
+            # the last op of the family starting at or before each segment's start
+            pos = np.searchsorted(pts, vs[idx], side="left")
+            lastmark = np.full(M + 1, -1, dtype=np.int64)
+            run_end = np.append(pos[1:] != pos[:-1], True)
+            lastmark[pos[run_end]] = np.flatnonzero(run_end)
+            i = np.maximum.accumulate(lastmark[:M])
+            ic = np.maximum(i, 0)
+            ok = fsel & (i >= 0) & (rm[ic] > ss)
+            op[ok] = idx[hold[ic[ok]]]
     if gap.any():
-        nx = np.searchsorted(vs, se[gap], side="left")
-        op[gap] = np.where(nx < vs.size, nx, -1)
+        # the first op starting at or after each segment's end
+        t = np.searchsorted(pts, vs, side="right") - 1
+        firstmark = np.full(M + 1, vs.size, dtype=np.int64)
+        run_start = np.concatenate(([True], t[1:] != t[:-1]))
+        firstmark[t[run_start]] = np.flatnonzero(run_start)
+        nx = np.minimum.accumulate(firstmark[::-1])[::-1][1:]
+        op[gap] = np.where(nx[gap] < vs.size, nx[gap], -1)
+
+    # the segments of each window (windows may share segments when steps overlap on the GPU)
+    a = np.searchsorted(pts, w0)
+    n_seg = np.searchsorted(pts, w1) - a
+    total_seg = int(n_seg.sum())
+    win_of = np.repeat(np.arange(nw), n_seg)
+    seg = np.arange(total_seg) - np.repeat(np.cumsum(n_seg) - n_seg - a, n_seg)
+    lab, op, ss, se = lab[seg], op[seg], ss[seg], se[seg]
 
     nl = len(LEDGERS)
     # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
@@ -248,6 +276,43 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
         "start": ss[starts] - shift[ri], "end": se[ends - 1] - shift[ri],
         "kid": np.where(o >= 0, kid[oc], -1), "pgid": np.where(o >= 0, pgid[oc], -1),
         "seq": np.where(o >= 0, oseq[oc], -1)})
+    return res
+
+
+def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2) -> dict:
+    """_sweep over rank groups in threads (ranks are independent once aligned; numpy releases the GIL in
+    its array loops), results joined in rank order."""
+    op_rank = _i64(allops["rank"])
+    uniq = np.unique(op_rank)
+    if parts < 2 or uniq.size < 2 or op_rank.size < 200_000:
+        return _sweep(allops, hosts, steps, waits, matched_keys)
+    bounds = [uniq[0]] + [uniq[len(uniq) * k // parts] for k in range(1, parts)] + [uniq[-1] + 1]
+    jobs = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        a, b = np.searchsorted(op_rank, [lo, hi])
+
+        def sel(r, lo=lo, hi=hi):
+            r = _i64(r)
+            return (r >= lo) & (r < hi)
+        h = {k: tuple(x[sel(v[0])] for x in v) for k, v in hosts.items()}
+        m = sel(steps["rank"])
+        st = {k: np.asarray(v)[m] for k, v in steps.items()}
+        w = {k: tuple(_i64(x)[sel(v[0])] for x in v) for k, v in waits.items()}
+        mk = sel(matched_keys[0])
+        jobs.append(({k: np.asarray(v)[a:b] for k, v in allops.items()}, h, st, w,
+                     (_i64(matched_keys[0])[mk], _i64(matched_keys[1])[mk])))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(parts) as ex:
+        outs = list(ex.map(lambda j: _sweep(*j), jobs))
+    res = {"unmatched": sum(o["unmatched"] for o in outs)}
+    outs = [o for o in outs if o["win_rank"].size]
+    if not outs:
+        res.update({"win_rank": np.zeros(0, np.int32), "lab": np.zeros(0, np.int8)})
+        return res
+    for k in outs[0]:
+        if k != "unmatched":
+            res[k] = np.concatenate([o[k] for o in outs])
     return res
 
 
@@ -375,7 +440,7 @@ def attribute_job(con, job: str) -> dict:
         LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
         LEFT JOIN _pgs p ON p.pg_name = ck.pg_name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-        ORDER BY g.rank, g.start_ns""", [job, job, job]).fetchnumpy()
+        ORDER BY g.rank, g.start_ns, g.end_ns, g.kind, g.name, g.stream""", [job, job, job]).fetchnumpy()
     hosts = {}
     for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
         h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}) ORDER BY rank",
@@ -384,7 +449,7 @@ def attribute_job(con, job: str) -> dict:
                       np.asarray(h["end_ns"], dtype=np.int64))
     all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
                             [job]).fetchnumpy()
-    out = _sweep(allops, hosts, all_steps, waits, matched_keys)
+    out = _sweep_parts(allops, hosts, all_steps, waits, matched_keys)
     unmatched_total = out["unmatched"]
     nw = out["win_rank"].size
     n_intervals = int(out["lab"].size)
