@@ -360,7 +360,8 @@ def _align(con, job, ranks):
         t0 = int(e.min())
         er, sr = e - t0, s - t0
         # distinct member ranks per collective
-        pair = np.unique(gid * R + ri)
+        pair = np.sort(gid * R + ri)
+        pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))]
         present = np.bincount(pair // R, minlength=G)
         m = present[gid] >= 2  # matched: at least two ranks saw it
         if m.any():
@@ -440,7 +441,7 @@ def attribute_job(con, job: str) -> dict:
         LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
         LEFT JOIN _pgs p ON p.pg_name = ck.pg_name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-        ORDER BY g.rank, g.start_ns, g.end_ns, g.kind, g.name, g.stream""", [job, job, job]).fetchnumpy()
+        ORDER BY g.rank, g.start_ns, g.end_ns, fam, kid, g.stream""", [job, job, job]).fetchnumpy()
     hosts = {}
     for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
         h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}) ORDER BY rank",
