@@ -405,8 +405,12 @@ def attribute_job(con, job: str) -> dict:
         if t != "clock_offsets":
             con.execute(f"DELETE FROM {t} WHERE job = ?", [job])
     con.execute("DELETE FROM diagnostics WHERE job = ? AND source = 'attribution'", [job])
+    import time
+
+    t0 = time.perf_counter()
     ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
     offsets, waits, matched_keys = _align(con, job, ranks)
+    t_align = time.perf_counter()
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
     # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
     import pyarrow as pa
@@ -450,7 +454,9 @@ def attribute_job(con, job: str) -> dict:
                       np.asarray(h["end_ns"], dtype=np.int64))
     all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
                             [job]).fetchnumpy()
+    t_read = time.perf_counter()
     out = _sweep_parts(allops, hosts, all_steps, waits, matched_keys)
+    t_sweep = time.perf_counter()
     unmatched_total = out["unmatched"]
     nw = out["win_rank"].size
     n_intervals = int(out["lab"].size)
@@ -487,4 +493,7 @@ def attribute_job(con, job: str) -> dict:
     if unmatched_total:
         con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'unmatched_comm', ?, ?)",
                     [job, unmatched_total, f"comm kernels with no peer trace (world {world}); charged to exposed_comm"])
-    return {"intervals": n_intervals, "totals": nw * len(LEDGERS), "offsets": offsets}
+    t_end = time.perf_counter()
+    return {"intervals": n_intervals, "totals": nw * len(LEDGERS), "offsets": offsets,
+            "seconds": {"align": t_align - t0, "read": t_read - t_align, "sweep": t_sweep - t_read,
+                        "write": t_end - t_sweep}}

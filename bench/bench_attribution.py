@@ -58,11 +58,12 @@ def main():
         build(con, 10_000)
         attribute_job(con, "b")  # warm-up: module imports (pyarrow, DuckDB's Arrow scan) are paid once here
         base_per_op = None
-        print(f"{'ops':>10s} {'attr_s':>8s} {'ops/s/core':>12s} {'argsort_s':>9s} {'ratio':>6s} {'ns/op vs 1e5':>12s}")
+        print(f"{'ops':>10s} {'attr_s':>8s} {'ops/s/core':>12s} {'argsort_s':>9s} {'ratio':>6s} {'ns/op vs 1e5':>12s}"
+              "   stages (s): align / read / sweep / write")
         for n in sizes:
             build(con, n)
             t = time.perf_counter()
-            attribute_job(con, "b")
+            res = attribute_job(con, "b")
             dt = time.perf_counter() - t
             starts = con.execute("SELECT start_ns FROM gpu_ops").fetchnumpy()["start_ns"]
             t = time.perf_counter()
@@ -70,7 +71,9 @@ def main():
             dt_base = time.perf_counter() - t
             per_op = dt / n
             base_per_op = base_per_op or per_op
-            print(f"{n:10d} {dt:8.2f} {n / dt / cores:12,.0f} {dt_base:9.3f} {dt / dt_base:6.1f} {per_op / base_per_op:12.2f}")
+            st = " / ".join(f"{res['seconds'][k]:.2f}" for k in ("align", "read", "sweep", "write"))
+            print(f"{n:10d} {dt:8.2f} {n / dt / cores:12,.0f} {dt_base:9.3f} {dt / dt_base:6.1f} {per_op / base_per_op:12.2f}"
+                  f"   {st}")
 
 
 if __name__ == "__main__":
