@@ -85,7 +85,6 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     kid = np.asarray(allops["kid"], dtype=np.int32)
     pgid = np.asarray(allops["pgid"], dtype=np.int32)
     oseq = _i64(allops["seq"])
-    empty = np.zeros(0, dtype=np.int64)
     res = {"unmatched": 0, "win_rank": np.zeros(0, np.int32), "lab": np.zeros(0, np.int8)}
     if s.size == 0:
         return res

@@ -1,12 +1,11 @@
 """Nsight Systems SQLite export (``nsys export --type sqlite``) → canonical tables.
 
-Read path. Tables are read column-wise into Arrow, side by side in threads, and joined, decoded and
-written by DuckDB SQL; no Python code touches a row. The big integer-only tables (CUPTI kernels, memcpy,
-runtime API, ...) are decoded straight from the file's b-tree pages with numpy (_Pages): SQLite's own
-row loop would take most of the ingest. Tables with text, and anything the decoder does not handle
-(overflow pages, non-integer values, ...), go through the ADBC SQLite driver (``adbc-driver-sqlite``, a
-pyproject dependency). DuckDB's own ``sqlite`` extension is not used: it is downloaded at run time, and a
-fresh machine without access to the extension repository cannot load it. The ADBC driver infers a
+Read path. Tables are read column-wise into Arrow through the ADBC SQLite driver (``adbc-driver-sqlite``,
+a pyproject dependency), side by side in threads (a large table in rowid ranges, each query on a
+connection of its own), and joined, decoded and written by DuckDB SQL; no Python code touches a row.
+SQLite itself reads every page, so a damaged file is reported as SQLite reports it. DuckDB's own ``sqlite``
+extension is not used: it is downloaded at run time, and a fresh machine without access to the extension
+repository cannot load it. The ADBC driver infers a
 column's Arrow type from its first batch, so every integer column is read as ``CAST(x AS INTEGER)`` and
 every text column as ``ifnull(CAST(x AS TEXT), '')`` (then ``nullif`` in DuckDB): an all-NULL first batch
 can then never fix the wrong type. Small tables (ranks, enums) are built in DuckDB from Python lists, never
@@ -61,7 +60,6 @@ Steps, first rule that yields any, per rank:
 """
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import sqlite3
@@ -72,7 +70,6 @@ from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
-from numpy.lib.stride_tricks import as_strided
 
 from ingest.registry import Loader
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
@@ -176,175 +173,8 @@ def _uri(path: Path) -> str:
     return "file:" + quote(str(path.resolve())) + "?mode=ro&immutable=1"
 
 
-class _Unsupported(Exception):
-    """A table the page decoder leaves to SQLite (see _Pages)."""
-
-
-# content bytes of a record value by serial type (0 NULL, 1-6 integers, 7 REAL, 8/9 the constants 0/1,
-# 10/11 reserved, 12+ blobs and texts); types from 128 on are multi-byte varints and never looked up
-SERIAL_BYTES = np.array([0, 1, 2, 3, 4, 6, 8, 8, 0, 0, 0, 0] + [(t - 12) // 2 for t in range(12, 128)], np.uint8)
-# length of a varint by the flags of its first 8 bytes that end one (high bit clear), byte 0 in bit 7
-VARINT_LEN = np.array([9 - m.bit_length() for m in range(256)], np.int64)
-MAX_BTREE_DEPTH = 32
-DECODE_ROWS = 1 << 16         # rows decoded at a time (_Pages.ints)
-
-
-def _windows(buf: np.ndarray, dtype: str) -> np.ndarray:
-    """BUF viewed as one big-endian DTYPE value starting at every byte (unaligned, nothing copied)."""
-    dt = np.dtype(dtype)
-    return np.ndarray((len(buf) - dt.itemsize + 1,), dt, buffer=buf, strides=(1,))
-
-
-def _within(counts: np.ndarray) -> np.ndarray:
-    """0, 1, ..., n-1 for every n in COUNTS, concatenated: each item's index inside its group."""
-    return np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-
-
-class _Pages:
-    """Integer columns decoded straight from the file's table b-trees, all rows of a table at once in numpy.
-
-    SQLite's own row loop (what the ADBC driver runs) costs about 0.15 us per column and row, most of an
-    ingest; these array operations cost 2-3 times less and run beside each other in threads (numpy
-    releases the GIL). Only the plain case is decoded (format: https://www.sqlite.org/fileformat2.html):
-    every value of the asked-for columns an integer or NULL, no row spilling onto overflow pages,
-    single-byte serial types up to the last asked-for column. Anything else, and any structural
-    inconsistency, raises _Unsupported and the table is read through SQLite instead, which also reports
-    real damage."""
-
-    def __init__(self, path: Path):
-        self.file = open(path, "rb")
-        self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
-        self.buf = np.frombuffer(self.map, np.uint8)
-        self.u2, self.u4, self.u8 = (_windows(self.buf, t) for t in (">u2", ">u4", ">u8"))
-        page = int(self.u2[16])
-        self.page = 65536 if page == 1 else page
-        self.usable = self.page - int(self.buf[20])      # byte 20: reserved space at each page's end
-        self.n_pages = len(self.buf) // self.page
-
-    def close(self):
-        # the numpy views pin the mapping: drop them first
-        self.buf = self.u2 = self.u4 = self.u8 = None
-        self.map.close()
-        self.file.close()
-
-    def _varint(self, off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Value and length of the varint at each offset; one pass per byte, over the rows still open."""
-        b = self.buf[off]
-        val = (b & 0x7F).astype(np.int64)
-        length = np.ones(len(off), np.int64)
-        idx = np.flatnonzero(b & 0x80)
-        for i in range(1, 9):
-            if not idx.size:
-                break
-            b = self.buf[off[idx] + i].astype(np.int64)
-            # bytes 1-8 give 7 bits and a continuation flag, a ninth byte all 8 bits
-            val[idx] = (val[idx] << 7) | (b & 0x7F) if i < 8 else (val[idx] << 8) | b
-            length[idx] += 1
-            idx = idx[(b & 0x80) != 0] if i < 8 else idx[:0]
-        return val, length
-
-    def _varint_len(self, off: np.ndarray) -> np.ndarray:
-        """Length of the varint at each offset, from its first 8 bytes at once: their end flags (high bit
-        clear) sit at bits 0, 8, ..., 56, and one multiply gathers them into the top byte."""
-        ends = (~self.u8[off].astype(np.uint64) >> np.uint64(7)) & np.uint64(0x0101010101010101)
-        return VARINT_LEN.take((ends * np.uint64(0x0102040810204080)) >> np.uint64(56))
-
-    def _cells(self, root: int) -> np.ndarray:
-        """File offset of every cell of the table b-tree at page ROOT, in rowid order (SQLite's scan order)."""
-        pages = np.array([root], np.int64)
-        for _ in range(MAX_BTREE_DEPTH):
-            if pages.min() < 1 or pages.max() > self.n_pages:
-                raise _Unsupported("page number out of range")
-            start = (pages - 1) * self.page
-            head = start + np.where(pages == 1, 100, 0)          # page 1 begins with the 100-byte file header
-            kind = self.buf[head]
-            n = self.u2[head + 3].astype(np.int64)
-            leaf = (kind == 0x0D).all()
-            if not leaf and not (kind == 0x05).all():
-                raise _Unsupported("not a table b-tree (WITHOUT ROWID or damaged)")
-            hsize = 8 if leaf else 12
-            ptr = self.u2[np.repeat(head + hsize, n) + 2 * _within(n)]    # the page's cell pointer array
-            if ptr.size and ((ptr < np.repeat(head - start + hsize, n) + 2 * np.repeat(n, n))
-                             | (ptr >= self.usable)).any():
-                raise _Unsupported("cell pointer outside its page")
-            cells = ptr + np.repeat(start, n)
-            if leaf:
-                return cells
-            # an interior page's children in key order: each cell's left child, then the right-most pointer
-            nxt = np.empty(len(cells) + len(pages), np.int64)
-            right = np.cumsum(n + 1) - 1
-            left = np.ones(len(nxt), bool)
-            left[right] = False
-            nxt[left] = self.u4[cells]
-            nxt[right] = self.u4[head + 8]
-            pages = nxt
-        raise _Unsupported("b-tree too deep")
-
-    def ints(self, root: int, positions: list[int], short_ok: list[bool]) -> list[pa.ChunkedArray]:
-        """int64 columns at record POSITIONS of the table at page ROOT. A record shorter than a position (a
-        column added later by ALTER TABLE) reads NULL there where short_ok allows it. DECODE_ROWS rows are
-        decoded at a time: the working arrays then stay in the CPU caches."""
-        try:
-            cells = self._cells(root)
-            parts = [self._decode(cells[i:i + DECODE_ROWS], positions, short_ok)
-                     for i in range(0, len(cells), DECODE_ROWS)]
-        except IndexError:        # an offset outside the file
-            raise _Unsupported("offset outside the file") from None
-        return [pa.chunked_array([p[j] for p in parts], pa.int64()) for j in range(len(positions))]
-
-    def _decode(self, cell: np.ndarray, positions: list[int], short_ok: list[bool]) -> list[pa.Array]:
-        """The columns at POSITIONS of the records in the cells at offsets CELL."""
-        size, n1 = self._varint(cell)
-        if size.max() > self.usable - 35:
-            raise _Unsupported("rows on overflow pages")
-        n2 = self._varint_len(cell + n1)              # the rowid, not needed
-        rec = cell + n1 + n2
-        end = rec + size                              # where the record ends
-        if (end > cell // self.page * self.page + self.usable).any():
-            raise _Unsupported("record past its page")
-        hsize, n3 = self._varint(rec)
-        last = max(positions)
-        # serial types of columns 0..last (one byte each), column-major
-        types = np.ascontiguousarray(
-            as_strided(self.buf, (len(self.buf) - last, last + 1), (1, 1))[rec + n3].T)
-        ncols = hsize - n3
-        if ((hsize > size) | (n3 > hsize)).any():
-            raise _Unsupported("bad record header")
-        if (ncols <= last).any():
-            for j in range(last + 1):
-                types[j][ncols <= j] = 0               # past the header: not stored, NULL
-            if any(not ok and (ncols <= p).any() for p, ok in zip(positions, short_ok)):
-                raise _Unsupported("short records of a column with a default")
-        if types.max() >= 0x80:
-            raise _Unsupported("multi-byte serial type")
-        out = {}
-        pos = rec + hsize                             # running end of column j's value
-        for j in range(last + 1):
-            t = types[j]
-            nbytes = SERIAL_BYTES.take(t)
-            pos = pos + nbytes
-            if j not in positions:
-                continue
-            if ((t == 7) | (t >= 10)).any():
-                raise _Unsupported("a value that is not an integer")
-            # the 8 big-endian bytes ending where the value ends; shifting up and back down keeps its
-            # NBYTES bytes, sign-extended. Serial types 0, 8 and 9 have no bytes (NULL, 0, 1).
-            shift = (64 - 8 * nbytes).astype(np.uint64)
-            v = (self.u8[pos - 8].astype(np.uint64) << shift).view(np.int64) >> shift.view(np.int64)
-            v[nbytes == 0] = 0
-            v[t == 9] = 1
-            null = t == 0
-            n_null = int(np.count_nonzero(null))
-            valid = pa.py_buffer(np.packbits(~null, bitorder="little")) if n_null else None
-            out[j] = pa.Array.from_buffers(pa.int64(), len(v), [valid, pa.py_buffer(v)], null_count=n_null)
-        if (pos > end).any():
-            raise _Unsupported("values past the record's end")
-        return [out[p] for p in positions]
-
-
 class _Src:
-    """The export's schema (tables, columns) and Arrow reads from it: integer tables decoded from the
-    file's pages (_Pages), everything else through the ADBC SQLite driver."""
+    """The export's schema (tables, columns) and Arrow reads from it through the ADBC SQLite driver."""
 
     def __init__(self, path: Path):
         # the driver's low-level API: its DB-API module would import pandas for nothing
@@ -352,27 +182,21 @@ class _Src:
         import adbc_driver_sqlite
 
         self.path = path
-        self.adbc_db = self.pages = None
+        self.adbc_db = None
         try:
             # tables are read in threads; Python's sqlite3 is built serialized, so one connection serves all
             self.db = sqlite3.connect(_uri(path), uri=True, check_same_thread=False)
-            rows = self.db.execute("SELECT name, type, rootpage FROM sqlite_master "
-                                   "WHERE type IN ('table', 'view')").fetchall()
+            rows = self.db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
             self.cols = {}
-            self.layout = {}    # table → (root page, {column: (record position, in primary key, default)})
-            for t, kind, root in rows:
+            for (t,) in rows:
                 info = self.db.execute(f'PRAGMA table_xinfo("{t}")').fetchall()
                 self.cols[t] = [r[1] for r in info if not r[6]]
-                # generated (hidden) columns are not stored in record order: such a table goes through SQLite
-                if kind == "table" and root and not any(r[6] for r in info):
-                    self.layout[t] = (root, {r[1]: (r[0], bool(r[5]), r[4]) for r in info})
             self.adbc_db = adbc_driver_sqlite.connect(_uri(path))
-            self.pages = _Pages(path)
         except (sqlite3.Error, OSError, ValueError, adbc_driver_manager.Error) as e:
             raise TraceFormatError(path, None, f"unreadable SQLite file: {_one_line(e)}") from None
 
     def close(self):
-        for c in ("pages", "adbc_db", "db"):
+        for c in ("adbc_db", "db"):
             try:
                 getattr(self, c).close()
             except Exception:
@@ -402,32 +226,17 @@ class _Src:
 
     def read(self, table: str, ints=(), texts=()) -> pa.Table:
         """Columns of TABLE as a typed Arrow table: ints int64, texts string ('' for NULL). A column (or the
-        table) the file lacks comes back all NULL without being asked of SQLite. Integer-only reads are
-        decoded from the pages; the rest (or what the decoder declines) is read by SQLite, a large table
-        in rowid ranges on several connections at once."""
+        table) the file lacks comes back all NULL without being asked of SQLite. A large table is read in
+        rowid ranges on several connections at once."""
         schema = pa.schema([(c, pa.int64()) for c in ints] + [(c, pa.string()) for c in texts])
         have = [c for c in list(ints) + list(texts) if self.has(table, c)]
         if table not in self.cols or not have:
             n = self.count(table) if table in self.cols else 0
             return pa.table([pa.nulls(n, f.type) for f in schema], schema=schema)
-        got = self._decoded(table, have, set(ints)) or self._queried(table, have, set(ints))
+        got = self._queried(table, have, set(ints))
         n = len(next(iter(got.values())))
         return pa.table([got[f.name].cast(f.type) if f.name in got else pa.nulls(n, f.type) for f in schema],
                         schema=schema)
-
-    def _decoded(self, table: str, have: list, ints: set) -> dict | None:
-        """HAVE decoded from the pages, or None when the table is not plain integers (see _Pages). Primary-key
-        columns are left to SQLite: an INTEGER PRIMARY KEY is the rowid, not stored in the record."""
-        if table not in self.layout or not ints.issuperset(have):
-            return None
-        root, cols = self.layout[table]
-        if any(cols[c][1] for c in have):
-            return None
-        try:
-            arrays = self.pages.ints(root, [cols[c][0] for c in have], [cols[c][2] is None for c in have])
-        except _Unsupported:
-            return None
-        return dict(zip(have, arrays))
 
     def _queried(self, table: str, have: list, ints: set) -> dict:
         """HAVE read by SQLite, as CAST(c AS INTEGER) / ifnull(CAST(c AS TEXT), '')."""
