@@ -266,6 +266,42 @@ def test_mangled_files_fail_in_one_line_and_store_nothing(db, tmp_path, kind):
     assert _snapshot(db) == before
 
 
+@needs_shared
+def test_damaged_copies_store_whole_or_fail_in_one_line(db, tmp_path):
+    # seeded damage in the b-tree pages SQLite must walk (a run of bytes overwritten inside the file's
+    # used pages): every copy either lands as one file or is refused in one line naming it, never a
+    # traceback and never part of a file; the rows already stored stay as they were
+    import random
+
+    load(db, SHARED_TRACES / SAXPY, "keep")
+    src = (SHARED_TRACES / TEMPLATE).read_bytes()
+    page = int.from_bytes(src[16:18], "big") or 65536
+    rng = random.Random(7)
+    failed = 0
+    for i in range(24):
+        buf = bytearray(src)
+        pg = rng.randrange(1, len(src) // page)
+        at = pg * page + rng.randrange(0, 16)          # a page header or its first cell pointers
+        buf[at:at + 4] = bytes(rng.randrange(256) for _ in range(4))
+        f = tmp_path / f"damaged-{i}.sqlite"
+        f.write_bytes(bytes(buf))
+        before = _snapshot(db)
+        res = ingest_paths(db, [f], job=f"d{i}")
+        assert len(res) == 1 and res[0].status in ("stored", "failed"), res
+        if res[0].status == "failed":
+            failed += 1
+            assert "\n" not in res[0].message and str(f) in res[0].message
+            assert _snapshot(db) == before
+            for t in ("gpu_ops", "host_ops", "steps", "traces"):
+                assert db.execute(f"SELECT count(*) FROM {t} WHERE job = ?", [f"d{i}"]).fetchone()[0] == 0
+        else:
+            n = db.execute("SELECT count(*) FROM traces WHERE job = ?", [f"d{i}"]).fetchone()[0]
+            assert n >= 1
+    assert failed >= 1   # the damage does reach pages SQLite reads
+    keep = db.execute("SELECT count(*) FROM gpu_ops WHERE job = 'keep'").fetchone()[0]
+    assert keep > 0
+
+
 # ------------------------------------------------------------------------------------------ synthetic multi-process
 
 GP = [(7 << 48) | (4242 << 24), (7 << 48) | (4241 << 24)]     # two processes, given out of PID order
