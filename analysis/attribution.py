@@ -88,9 +88,10 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     res = {"unmatched": 0, "win_rank": np.zeros(0, np.int32), "lab": np.zeros(0, np.int8)}
     if s.size == 0:
         return res
-    uniq = np.unique(op_rank)  # ranks with GPU ops; the others have no window
+    new_rank = np.concatenate(([True], op_rank[1:] != op_rank[:-1]))  # ops come sorted by rank
+    uniq = op_rank[new_rank]  # ranks with GPU ops; the others have no window
     R = uniq.size
-    op_ri = np.searchsorted(uniq, op_rank)
+    op_ri = np.cumsum(new_rank) - 1
 
     def rank_index(r):
         r = _i64(r)
@@ -133,7 +134,10 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     nbu = union(nb_s[inner], nb_e[inner])
     comp, comm, copy = fam == 0, fam == 1, fam == 2
     is_re = comp & covered(vl, *rc) & ~covered(vl, *nbu)
-    res["unmatched"] = int((~np.isin(vs[comm], ms + shift[mri])).sum())
+    mk = np.sort(ms + shift[mri])
+    x = vs[comm]
+    at = np.minimum(np.searchsorted(mk, x), max(mk.size - 1, 0))
+    res["unmatched"] = int(x.size if mk.size == 0 else (mk[at] != x).sum())
 
     # step windows: a step runs from the first GPU start of the work launched in it to the first start of
     # the next step's work (the last step: to its last GPU end); a rank without steps is one window
@@ -317,6 +321,12 @@ def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2) -> dict:
 
 def _group_median(g, v, n_groups):
     """Median of v within each group id g (0..n_groups-1, float; NaN where a group is empty)."""
+    if n_groups <= 256:  # few big groups (ranks): one partition per group beats a full two-key sort
+        o = np.argsort(g, kind="stable")
+        cnt = np.bincount(g, minlength=n_groups)
+        edges = np.concatenate(([0], np.cumsum(cnt)))
+        vs = v[o]
+        return np.array([np.median(vs[edges[k]:edges[k + 1]]) if cnt[k] else np.nan for k in range(n_groups)])
     o = np.lexsort((v, g))
     gs, vs = g[o], v[o]
     cnt = np.bincount(gs, minlength=n_groups)
