@@ -123,6 +123,10 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
         np.minimum.at(lo, ri, np.minimum(a, b))
         np.maximum.at(hi, ri, np.maximum(a, b))
     span = hi - lo + GUARD_NS
+    if R > 1 and sum(int(x) for x in span) >= 1 << 62:
+        # the ranks' spans do not fit one int64 axis (e.g. a stray near-zero timestamp beside epoch ones):
+        # sweep them in smaller groups
+        return _sweep_parts(allops, hosts, steps, waits, matched_keys, min_ops=0)
     shift = np.concatenate(([0], np.cumsum(span)[:-1])) - lo  # own clock + shift = shared axis
     vs, ve, vl = s + shift[op_ri], e + shift[op_ri], launch + shift[op_ri]
     V = {k: (a + shift[ri], b + shift[ri]) for k, (ri, a, b) in parts.items()}
@@ -261,8 +265,9 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     lab, op, ss, se = lab[seg], op[seg], ss[seg], se[seg]
 
     nl = len(LEDGERS)
-    # float64 sums of integer ns are exact below 2**53 ns (104 days), far above any window
-    tot = np.bincount(win_of * nl + lab, weights=se - ss, minlength=nw * nl).astype(np.int64).reshape(nw, nl)
+    tot = np.zeros(nw * nl, dtype=np.int64)
+    np.add.at(tot, win_of * nl + lab, se - ss)  # integer sums: exact for any window length
+    tot = tot.reshape(nw, nl)
     assert np.array_equal(tot.sum(axis=1), w1 - w0)
     # merge adjacent segments of one window and ledger charged to the same op
     change = np.flatnonzero((np.diff(lab) != 0) | (np.diff(op) != 0) | (np.diff(win_of) != 0)) + 1
@@ -282,12 +287,12 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     return res
 
 
-def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2) -> dict:
+def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2, min_ops=200_000) -> dict:
     """_sweep over rank groups in threads (ranks are independent once aligned; numpy releases the GIL in
     its array loops), results joined in rank order."""
     op_rank = _i64(allops["rank"])
     uniq = np.unique(op_rank)
-    if parts < 2 or uniq.size < 2 or op_rank.size < 200_000:
+    if parts < 2 or uniq.size < 2 or op_rank.size < min_ops:
         return _sweep(allops, hosts, steps, waits, matched_keys)
     bounds = [uniq[0]] + [uniq[len(uniq) * k // parts] for k in range(1, parts)] + [uniq[-1] + 1]
     jobs = []

@@ -78,3 +78,39 @@ def test_partition_invariants(tmp_path_factory, ops, perm_seed, shift):
     attribute_job(con, "b")
     assert [r[1:] for r in _totals(con, "b")] == [r[1:] for r in tot]
     con.close()
+
+
+def _check_independent(con, per_rank, shifts, stray):
+    for r, ops in enumerate(per_rank):
+        for job in ("all", f"one{r}"):
+            _load(con, job, r, ops, shift=shifts[r])
+            if stray:  # a kernel stamped near the epoch's zero beside epoch-scale ones
+                con.execute("INSERT INTO gpu_ops (job, rank, device, stream, kind, name, start_ns, end_ns) "
+                            "VALUES (?, ?, 0, 0, 'kernel', 'sm90_xmma_gemm_bf16', 5, 10)", [job, r])
+    attribute_job(con, "all")
+    q = "SELECT rank, step, ledger, start_ns, end_ns, op_name FROM ledger_intervals WHERE job = ? ORDER BY ALL"
+    together = _totals(con, "all")
+    alone = []
+    iv_alone = []
+    for r in range(len(per_rank)):
+        attribute_job(con, f"one{r}")
+        alone += _totals(con, f"one{r}")
+        iv_alone += con.execute(q, [f"one{r}"]).fetchall()
+    assert together and together == sorted(alone)
+    assert con.execute(q, ["all"]).fetchall() == sorted(iv_alone)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(per_rank=st.lists(st.lists(op, min_size=1, max_size=25), min_size=2, max_size=4),
+       shifts=st.lists(st.sampled_from([0, 7, 10**9, 1_700_000_000_000_000_000, 1_750_000_000_000_000_000]),
+                       min_size=4, max_size=4), stray=st.booleans())
+def test_ranks_without_shared_collectives_are_independent(tmp_path_factory, per_rank, shifts, stray):
+    # a job's ranks are swept together on one shared axis: each must come out exactly as when it is
+    # attributed alone, whatever the clocks
+    _check_independent(connect(tmp_path_factory.mktemp("m") / "m.duckdb"), per_rank, shifts, stray)
+
+
+def test_epoch_spans_that_overflow_one_axis_are_swept_in_groups(tmp_path):
+    # six ranks each spanning ~1.7e18 ns (a stray near-zero kernel): together beyond int64
+    ops = [(0, 0, 0, 50_000, 1000), (2, 1, 20_000, 40_000, 500), (1, 0, 90_000, 10_000, 80_000)]
+    _check_independent(connect(tmp_path / "o.duckdb"), [ops] * 6, [1_700_000_000_000_000_000] * 6, True)
