@@ -446,18 +446,20 @@ def attribute_job(con, job: str) -> dict:
             WHERE job = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
             GROUP BY rank, correlation
         )
-        , ck AS (  -- one collective key per comm kernel (rank, start, kernel name)
-            SELECT rank, start_ns, kernel_name, any_value(pg_name) AS pg_name, any_value(seq) AS seq
-            FROM collectives WHERE job = ? AND source = 'kernel' GROUP BY ALL
+        , ck AS (  -- one collective key per comm kernel (rank, start, kernel name): a batched send/recv
+                   -- kernel carries several; the drill-down names the one of lowest (seq, group)
+            SELECT k.rank, k.start_ns, k.kernel_name, arg_min(p.pgid, [k.seq, p.pgid]) AS pgid,
+                   min(k.seq) AS seq
+            FROM collectives k LEFT JOIN _pgs p ON p.pg_name = k.pg_name
+            WHERE k.job = ? AND k.source = 'kernel' GROUP BY ALL
         )
         SELECT g.rank, CASE WHEN g.kind = 'kernel' THEN coalesce(c.fam, 0) ELSE 2 END AS fam,
                coalesce(c.p2p, false) AND g.kind = 'kernel' AS p2p,
                g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns,
-               coalesce(c.kid, -1) AS kid, coalesce(p.pgid, -1) AS pgid, coalesce(ck.seq, -1) AS seq
+               coalesce(c.kid, -1) AS kid, coalesce(ck.pgid, -1) AS pgid, coalesce(ck.seq, -1) AS seq
         FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation AND l.rank = g.rank
         LEFT JOIN _kclass c ON c.name = g.name
         LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
-        LEFT JOIN _pgs p ON p.pg_name = ck.pg_name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
         ORDER BY g.rank, g.start_ns, g.end_ns, fam, kid, g.stream""", [job, job, job]).fetchnumpy()
     hosts = {}
