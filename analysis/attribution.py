@@ -471,7 +471,9 @@ def attribute_job(con, job: str) -> dict:
     all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
                             [job]).fetchnumpy()
     t_read = time.perf_counter()
-    out = _sweep_parts(allops, hosts, all_steps, waits, matched_keys)
+    # as many sweep threads as the connection lets DuckDB use (a batch worker runs with one), at most two
+    threads = int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+    out = _sweep_parts(allops, hosts, all_steps, waits, matched_keys, parts=max(1, min(2, threads)))
     t_sweep = time.perf_counter()
     unmatched_total = out["unmatched"]
     nw = out["win_rank"].size
