@@ -353,12 +353,32 @@ def _align(con, job, ranks):
     Returns offsets {rank: ns}, wait intervals {"straggler"|"bubble": (rank, start, end)} in each rank's own
     clock ([own start, last member's arrival)), and (rank, start) of every collective kernel with its peers.
     """
+    # A collective is keyed by (process group, sequence) where the trace has both; else by its order on the
+    # rank within (process group, collective type) — also for comm kernels no collective row describes (traces
+    # without record_param_comms), typed by their kernel name. Send/recv is never paired by order: a stage's
+    # n-th transfer is not its neighbours' n-th.
     c = con.execute(f"""
-        SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz,
-               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid,
-               lower(coll) IN {P2P_COLLS} AS p2p
-        FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
-                    [job]).fetchnumpy()
+        WITH u AS (
+            SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, pg_name, seq, lower(coll) AS coll,
+                   lower(coll) IN {P2P_COLLS} AS p2p
+            FROM collectives WHERE job = ? AND source = 'kernel'
+            UNION ALL
+            SELECT g.rank, g.start_ns, g.end_ns, 0, NULL, NULL, k.cls, k.p2p
+            FROM gpu_ops g JOIN _kclass k ON k.name = g.name AND k.fam = 1
+            WHERE g.job = ? AND g.kind = 'kernel' AND NOT EXISTS (
+                SELECT 1 FROM collectives x WHERE x.job = g.job AND x.rank = g.rank AND x.start_ns = g.start_ns
+                AND x.source = 'kernel')
+        ), keyed AS (
+            SELECT *, pg_name IS NOT NULL AND seq IS NOT NULL AS by_seq FROM u
+        ), ordered AS (
+            SELECT *, CASE WHEN NOT by_seq THEN row_number() OVER (
+                PARTITION BY rank, by_seq, coalesce(pg_name, ''), coll ORDER BY start_ns, end_ns) END AS ord
+            FROM keyed
+        )
+        SELECT rank, start_ns, end_ns, gsz, p2p,
+               dense_rank() OVER (ORDER BY by_seq, coalesce(pg_name, ''), CASE WHEN by_seq THEN seq ELSE ord END,
+                                  CASE WHEN by_seq THEN '' ELSE coll END, p2p) - 1 AS gid
+        FROM ordered WHERE by_seq OR NOT p2p""", [job, job]).fetchnumpy()
     ranks_a = _i64(ranks)
     R = ranks_a.size
     off = np.zeros(R, dtype=np.int64)
@@ -423,9 +443,6 @@ def attribute_job(con, job: str) -> dict:
 
     t0 = time.perf_counter()
     ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
-    offsets, waits, matched_keys = _align(con, job, ranks)
-    t_align = time.perf_counter()
-    world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
     # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
     import pyarrow as pa
 
@@ -435,7 +452,11 @@ def attribute_job(con, job: str) -> dict:
     con.register("_kclass", pa.table({"kid": pa.array(range(len(knames)), pa.int32()),
                                       "name": pa.array(knames, pa.string()),
                                       "fam": pa.array([1 if r[0] == "comm" else 0 for r in rules], pa.int8()),
-                                      "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_())}))
+                                      "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_()),
+                                      "cls": pa.array([r[1] for r in rules], pa.string())}))
+    offsets, waits, matched_keys = _align(con, job, ranks)
+    t_align = time.perf_counter()
+    world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
     pg_names = [r[0] for r in con.execute("SELECT DISTINCT pg_name FROM collectives WHERE job = ? "
                                           "AND pg_name IS NOT NULL ORDER BY 1", [job]).fetchall()]
     con.register("_pgs", pa.table({"pgid": pa.array(range(len(pg_names)), pa.int32()),
