@@ -433,7 +433,18 @@ def _align(con, job, ranks):
     return {int(r): int(o) for r, o in zip(ranks_a, off)}, waits, matched_keys
 
 
-def attribute_job(con, job: str) -> dict:
+def attribute_job(con, job: str, recompute_pattern: str | None = None, io_pattern: str | None = None) -> dict:
+    """Charge every step window of JOB to the nine ledgers (tables in DDL). RECOMPUTE_PATTERN / IO_PATTERN: a
+    regular expression on host op names (annotations, cpu ops, python frames) marking recomputation or
+    data-loading / storage regions, beside the built-in rules."""
+    import re
+
+    for what, pat in (("recompute pattern", recompute_pattern), ("io pattern", io_pattern)):
+        if pat is not None:
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise ValueError(f"{what} {pat!r} is not a regular expression: {e}") from None
     _ensure_tables(con)
     for t in DDL:
         if t != "clock_offsets":
@@ -484,9 +495,11 @@ def attribute_job(con, job: str) -> dict:
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
         ORDER BY g.rank, g.start_ns, g.end_ns, fam, kid, g.stream""", [job, job, job]).fetchnumpy()
     hosts = {}
-    for key, where in (("rc", RECOMPUTE_HOST), ("io", IO_HOST), ("nb", NESTED_BACKWARD)):
-        h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}) ORDER BY rank",
-                        [job]).fetchnumpy()
+    for key, where, pat in (("rc", RECOMPUTE_HOST, recompute_pattern), ("io", IO_HOST, io_pattern),
+                            ("nb", NESTED_BACKWARD, None)):
+        extra = " OR regexp_matches(name, ?)" if pat is not None else ""
+        h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}{extra}) "
+                        "ORDER BY rank", [job] + ([pat] if pat is not None else [])).fetchnumpy()
         hosts[key] = (np.asarray(h["rank"], dtype=np.int64), np.asarray(h["start_ns"], dtype=np.int64),
                       np.asarray(h["end_ns"], dtype=np.int64))
     all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",

@@ -86,16 +86,28 @@ def summary(db):
 @cli.command()
 @click.option("--db", required=True)
 @click.option("--job", default=None, help="one job (default: every job in DB)")
-def attribute(db, job):
+@click.option("--recompute-pattern", default=None, metavar="REGEX",
+              help="host op names that mark recomputation regions, beside the built-in checkpoint rules")
+@click.option("--io-pattern", default=None, metavar="REGEX",
+              help="host op names that mark data loading / storage I/O, beside the built-in rules")
+def attribute(db, job, recompute_pattern, io_pattern):
     """Compute ledger_intervals and ledger_totals for the stored traces."""
+    import re
+
     from analysis.attribution import attribute_job
     from store.connection import connect
 
+    for opt, pat in (("--recompute-pattern", recompute_pattern), ("--io-pattern", io_pattern)):
+        if pat is not None:
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise click.UsageError(f"{opt} {pat!r} is not a regular expression: {e}")
     con = connect(db)
     jobs = [job] if job else [r[0] for r in con.execute("SELECT job FROM jobs ORDER BY job").fetchall()]
     for j in jobs:
         t0 = time.perf_counter()
-        r = attribute_job(con, j)
+        r = attribute_job(con, j, recompute_pattern=recompute_pattern, io_pattern=io_pattern)
         click.echo(f"{j}: {r['intervals']} intervals, {r['totals']} totals in {time.perf_counter() - t0:.2f}s")
 
 

@@ -198,3 +198,41 @@ def test_intervals_carry_drill_down_keys(job):
         SELECT rank, step, sum(end_ns - start_ns) AS n FROM ledger_intervals WHERE job = 'dp' GROUP BY ALL) i
         JOIN step_windows w USING (rank, step) WHERE w.job = 'dp' AND n <> w.end_ns - w.start_ns""").fetchone()[0]
     assert bad == 0
+
+
+def test_user_patterns_mark_recompute_and_io_regions(job, tmp_path):
+    # the same job with its checkpoint and dataloader annotations renamed: the built-in rules no longer see
+    # them; --recompute-pattern / --io-pattern bring the planted ledgers back exactly
+    import json
+    import subprocess
+    import sys
+
+    con, gt = job
+    rename = {"CheckpointFunctionBackward": "my_recompute_region",
+              "autograd::engine::evaluate_function: CheckpointFunctionBackward": "my_recompute_wrapper",
+              "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__": "fetch_batch_from_store"}
+    generate(tmp_path / "orig", ranks=4, steps=4, seed=3)
+    (tmp_path / "dp").mkdir()
+    for f in sorted((tmp_path / "orig").glob("rank-*.json")):
+        doc = json.loads(f.read_text())
+        for ev in doc["traceEvents"]:
+            if ev.get("name") in rename:
+                ev["name"] = rename[ev["name"]]
+        (tmp_path / "dp" / f.name).write_text(json.dumps(doc))
+    db = tmp_path / "p.duckdb"
+    c2 = connect(db)
+    assert all(r.status == "stored" for r in ingest_paths(c2, sorted((tmp_path / "dp").glob("rank-*.json")), job="dp"))
+    attribute_job(c2, "dp")
+    q = "SELECT coalesce(sum(ns), 0) FROM ledger_totals WHERE job = 'dp' AND ledger = ?"
+    assert c2.execute(q, ["recompute"]).fetchone()[0] == 0 and c2.execute(q, ["io"]).fetchone()[0] == 0
+    c2.close()
+    cmd = [sys.executable, "-m", "service.cli", "attribute", "--db", str(db), "--job", "dp"]
+    r = subprocess.run(cmd + ["--recompute-pattern", "^my_recompute", "--io-pattern", "^fetch_batch"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    c2 = connect(db)
+    totals = "SELECT rank, step, ledger, ns FROM ledger_totals WHERE job = 'dp' ORDER BY ALL"
+    assert c2.execute(totals).fetchall() == con.execute(totals).fetchall()
+    c2.close()
+    bad = subprocess.run(cmd + ["--io-pattern", "(unclosed"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--io-pattern" in bad.stderr and "not a regular expression" in bad.stderr
