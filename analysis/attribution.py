@@ -20,7 +20,24 @@ DDL = {
     "ledger_totals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, ns BIGINT""",
     "step_windows": """job VARCHAR, rank INTEGER, step INTEGER, start_ns BIGINT, end_ns BIGINT""",
     "clock_offsets": """job VARCHAR, rank INTEGER, offset_ns BIGINT, residual_ns BIGINT, n_matched INTEGER""",
+    # per job: the class rule each kernel name met, and the parallel axis each process group was read as
+    "kernel_classes": """job VARCHAR, name VARCHAR, family VARCHAR, kclass VARCHAR, rules_version INTEGER""",
+    "pg_axes": """job VARCHAR, pg_name VARCHAR, pg_desc VARCHAR, group_size INTEGER, axis VARCHAR""",
 }
+
+# Every charged interval with the LEDGERS drill-down keys: kernel class, collective type, process group and
+# its axis, message bytes, copy direction.
+DRILLDOWN_VIEW = """CREATE OR REPLACE VIEW ledger_drilldown AS
+    SELECT li.*, kc.kclass, c.coll, c.bytes, c.group_size, pa.axis,
+           CASE WHEN li.op_name LIKE 'Memcpy %' THEN nullif(regexp_extract(li.op_name, 'Memcpy (\\w+)', 1), '')
+           END AS copy_kind
+    FROM ledger_intervals li
+    LEFT JOIN kernel_classes kc ON kc.job = li.job AND kc.name = li.op_name
+    LEFT JOIN (SELECT job, rank, pg_name, seq, min(lower(coll)) AS coll, max(bytes) AS bytes,
+                      max(group_size) AS group_size
+               FROM collectives WHERE seq IS NOT NULL GROUP BY ALL) c
+           ON c.job = li.job AND c.rank = li.rank AND c.pg_name = li.pg_name AND c.seq = li.seq
+    LEFT JOIN pg_axes pa ON pa.job = li.job AND pa.pg_name = li.pg_name"""
 
 RECOMPUTE_HOST = ("name IN ('CheckpointFunctionBackward', 'CheckpointFunction') OR name LIKE '%recompute_fn%' "
                   "OR name LIKE '%CheckpointFunctionBackward%'")
@@ -38,6 +55,34 @@ def _ensure_tables(con):
         con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
     for col, typ in (("op_name", "VARCHAR"), ("pg_name", "VARCHAR"), ("seq", "BIGINT")):
         con.execute(f"ALTER TABLE ledger_intervals ADD COLUMN IF NOT EXISTS {col} {typ}")
+    con.execute(DRILLDOWN_VIEW)
+
+
+def _store_keys(con, job: str, knames: list, rules: list) -> None:
+    """kernel_classes and pg_axes rows of JOB (small: one per distinct kernel name and process group)."""
+    from analysis.classify import RULES_VERSION
+    from analysis.cost_model.infer import classify_axis
+
+    if knames:
+        con.execute("INSERT INTO kernel_classes SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                    "unnest(?::VARCHAR[]), ?", [job, knames, [r[0] for r in rules], [r[1] for r in rules],
+                                                RULES_VERSION])
+    groups: dict = {}
+    world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchall()[0][0] or 0
+    for pg, desc, gsz, coll in con.execute("""SELECT pg_name, any_value(pg_desc), max(group_size), lower(coll)
+            FROM collectives WHERE job = ? AND pg_name IS NOT NULL GROUP BY pg_name, lower(coll)""",
+                                           [job]).fetchall():
+        g = groups.setdefault(pg, {"desc": desc, "size": gsz, "colls": set()})
+        g["colls"].add(coll)
+        g["desc"] = g["desc"] or desc
+        g["size"] = max(g["size"] or 0, gsz or 0) or None
+    if groups:
+        names = sorted(groups)
+        con.execute("INSERT INTO pg_axes SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                    "unnest(?::INTEGER[]), unnest(?::VARCHAR[])",
+                    [job, names, [groups[n]["desc"] for n in names], [groups[n]["size"] for n in names],
+                     [classify_axis(groups[n]["desc"], groups[n]["colls"], groups[n]["size"] or 0, world)
+                      for n in names]])
 
 
 def _cover_index(fs, fe):
@@ -465,6 +510,7 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
                                       "fam": pa.array([1 if r[0] == "comm" else 0 for r in rules], pa.int8()),
                                       "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_()),
                                       "cls": pa.array([r[1] for r in rules], pa.string())}))
+    _store_keys(con, job, knames, rules)
     offsets, waits, matched_keys = _align(con, job, ranks)
     t_align = time.perf_counter()
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1

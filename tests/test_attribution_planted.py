@@ -236,3 +236,26 @@ def test_user_patterns_mark_recompute_and_io_regions(job, tmp_path):
     c2.close()
     bad = subprocess.run(cmd + ["--io-pattern", "(unclosed"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--io-pattern" in bad.stderr and "not a regular expression" in bad.stderr
+
+
+def test_drilldown_view_carries_the_ledgers_keys(job, tmp_path):
+    # LEDGERS drill-down keys on every charged interval: kernel class, collective type, process group axis,
+    # message bytes, copy direction
+    con, gt = job
+    rows = con.execute("""SELECT ledger, kclass, coll, axis, copy_kind, bytes FROM ledger_drilldown
+                          WHERE job = 'dp'""").fetchall()
+    assert len(rows) == con.execute("SELECT count(*) FROM ledger_intervals WHERE job = 'dp'").fetchone()[0]
+    strag = [r for r in rows if r[0] == "straggler"]
+    assert strag and all(r[1] == "allreduce" and r[2] == "allreduce" and r[3] == "dp" and r[5] > 0 for r in strag)
+    assert {r[1] for r in rows if r[0] == "compute"} >= {"gemm", "elementwise"}
+    assert "DtoH" in {r[4] for r in rows if r[0] == "memcpy"}     # the planted offload copy
+    assert con.execute("SELECT axis FROM pg_axes WHERE job = 'dp'").fetchall() == [("dp",)]
+    gen = generate_1f1b(tmp_path / "pp", stages=4, microbatches=8, seed=1)
+    c2 = connect(tmp_path / "pp.duckdb")
+    ingest_paths(c2, [tmp_path / "pp"], job="pp")
+    attribute_job(c2, "pp")
+    bub = c2.execute("SELECT DISTINCT coll, axis FROM ledger_drilldown WHERE ledger = 'bubble' AND coll IS NOT NULL"
+                     ).fetchall()
+    assert bub and {a for _, a in bub} == {"pp"} and {c for c, _ in bub} <= {"send", "recv"}
+    assert len(c2.execute("SELECT * FROM pg_axes").fetchall()) == gen["stages"] - 1
+    c2.close()
