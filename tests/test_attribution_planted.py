@@ -105,7 +105,7 @@ def test_collectives_without_sequence_numbers_match_by_order(job, tmp_path, stri
 
 
 def test_b_pipeline_bubble_fraction(tmp_path):
-    gt = generate_1f1b(tmp_path / "pp", stages=4, microbatches=8, seed=1)
+    generate_1f1b(tmp_path / "pp", stages=4, microbatches=8, seed=1)
     con = connect(tmp_path / "pp.duckdb")
     res = ingest_paths(con, sorted((tmp_path / "pp").glob("stage-*.json")), job="pp")
     assert all(r.status == "stored" for r in res), res

@@ -1,5 +1,4 @@
 """LEDGERS invariants as properties: exact conservation, no overlap, order independence, clock shifts."""
-import json
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
