@@ -156,6 +156,31 @@ def job_overview(con, job: str) -> pl.DataFrame:
     return df.with_columns([pl.col(n).fill_null(0.0) for n in LEDGERS]) if df.height else _empty(schema)
 
 
+def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
+    """Where the time went: ns per rank-step (and share of all step time) by ledger and drill-down key — the
+    collective and its group's axis, the copy direction, or the kernel class; for a gap ledger, the work that
+    ended the gap. Largest first."""
+    schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64}
+    if not (has_table(con, "ledger_drilldown") and has_table(con, "kernel_classes")
+            and has_table(con, "step_windows")):
+        return _empty(schema)
+    df = _pl(con, f"""
+        WITH w AS (SELECT count(*) AS n, sum(end_ns - start_ns) AS total FROM step_windows
+                   WHERE job = ? AND end_ns > start_ns),
+        k AS (
+            SELECT ledger, end_ns - start_ns AS ns,
+                   coalesce(CASE WHEN coll IS NOT NULL THEN coll || coalesce(' (' || axis || ')', '') END,
+                            CASE WHEN copy_kind IS NOT NULL THEN 'copy ' || copy_kind END, kclass) AS what
+            FROM ledger_drilldown WHERE job = ?
+        )
+        SELECT ledger,
+               CASE WHEN ledger IN ('host', 'io', 'idle') OR (ledger = 'bubble' AND what IS NULL)
+                    THEN coalesce('waiting, then ' || what, 'waiting') ELSE coalesce(what, '-') END AS key,
+               sum(ns) / any_value(w.n) AS ns, sum(ns) / any_value(w.total) AS share
+        FROM k, w GROUP BY ALL ORDER BY ns DESC, ledger, key LIMIT {int(top)}""", [job, job])
+    return df if df.height else _empty(schema)
+
+
 def prediction_config(con, job: str) -> str | None:
     """The config_sha of the most recently stored prediction for JOB (None when there is none)."""
     if not has_table(con, "predicted_ledgers"):

@@ -258,3 +258,18 @@ def test_queries_cope_with_a_store_that_was_never_attributed(tmp_path):
     assert queries.pipeline(con, "j")["p"] == 0
     assert queries.compare_jobs(con, "j", "k").height == 0
     con.close()
+
+
+def test_ledger_breakdown_adds_up_to_the_ledgers(ro):
+    bd = queries.ledger_breakdown(ro, "dp4", top=10_000)
+    assert bd.height > 5
+    n = ro.execute("SELECT count(*) FROM step_windows WHERE job = 'dp4' AND end_ns > start_ns").fetchone()[0]
+    per = dict(ro.execute("SELECT ledger, sum(ns) FROM ledger_totals WHERE job = 'dp4' GROUP BY ledger").fetchall())
+    got = bd.group_by("ledger").agg(pl.col("ns").sum())
+    for led, ns in zip(got["ledger"], got["ns"]):
+        assert ns == pytest.approx(per[led] / n)
+    assert bd["share"].sum() == pytest.approx(1.0)
+    keys = set(bd["key"])
+    assert "allreduce (dp)" in keys and "gemm" in keys and "copy DtoH" in keys
+    html = texts(overview_view.render(overview_view.load(ro, "dp4")))
+    assert "Where the time went" in html and "allreduce (dp)" in html

@@ -16,7 +16,8 @@ PLOT_NAME = "overview_ledgers"
 
 def load(con, job: str) -> dict:
     return {"job": job, "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
-            "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job)}
+            "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job),
+            "breakdown": queries.ledger_breakdown(con, job)}
 
 
 def ledger_figure(ranks, height: int = 360):
@@ -97,4 +98,9 @@ def render(data):
     if cmp.height and cmp["predicted_ns"].null_count() < cmp.height:
         out.append(compare_figure(cmp))
     out.append(div(compare_html(data)))
+    bd = data.get("breakdown")
+    if bd is not None and bd.height:
+        rows = [[r["ledger"], r["key"], fmt_ns(r["ns"]), f"{100 * r['share']:.1f} %"] for r in bd.iter_rows(named=True)]
+        out.append(div("<h3 class='nf'>Where the time went</h3>"
+                       + html_table(["ledger", "on", "per rank-step", "share of step time"], rows)))
     return out
