@@ -26,9 +26,10 @@ DDL = {
 }
 
 # Every charged interval with the LEDGERS drill-down keys: kernel class, collective type, process group and
-# its axis, message bytes, copy direction.
+# its axis, message bytes, copy direction; and, where an NCCL log was linked to the collective, its
+# algorithm, protocol and channels.
 DRILLDOWN_VIEW = """CREATE OR REPLACE VIEW ledger_drilldown AS
-    SELECT li.*, kc.kclass, c.coll, c.bytes, c.group_size, pa.axis,
+    SELECT li.*, kc.kclass, c.coll, c.bytes, c.group_size, pa.axis, nl.algorithm, nl.protocol, nl.n_channels,
            CASE WHEN li.op_name LIKE 'Memcpy %' THEN nullif(regexp_extract(li.op_name, 'Memcpy (\\w+)', 1), '')
            END AS copy_kind
     FROM ledger_intervals li
@@ -37,7 +38,11 @@ DRILLDOWN_VIEW = """CREATE OR REPLACE VIEW ledger_drilldown AS
                       max(group_size) AS group_size
                FROM collectives WHERE seq IS NOT NULL GROUP BY ALL) c
            ON c.job = li.job AND c.rank = li.rank AND c.pg_name = li.pg_name AND c.seq = li.seq
-    LEFT JOIN pg_axes pa ON pa.job = li.job AND pa.pg_name = li.pg_name"""
+    LEFT JOIN pg_axes pa ON pa.job = li.job AND pa.pg_name = li.pg_name
+    LEFT JOIN (SELECT job, rank, pg_name, seq, min(algorithm) AS algorithm, min(protocol) AS protocol,
+                      max(n_channels) AS n_channels
+               FROM nccl_coll_links WHERE seq IS NOT NULL GROUP BY ALL) nl
+           ON nl.job = li.job AND nl.rank = li.rank AND nl.pg_name = li.pg_name AND nl.seq = li.seq"""
 
 RECOMPUTE_HOST = ("name IN ('CheckpointFunctionBackward', 'CheckpointFunction') OR name LIKE '%recompute_fn%' "
                   "OR name LIKE '%CheckpointFunctionBackward%'")

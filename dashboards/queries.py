@@ -158,8 +158,8 @@ def job_overview(con, job: str) -> pl.DataFrame:
 
 def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
     """Where the time went: ns per rank-step (and share of all step time) by ledger and drill-down key — the
-    collective and its group's axis, the copy direction, or the kernel class; for a gap ledger, the work that
-    ended the gap. Largest first."""
+    collective, its group's axis and (from a linked NCCL log) algorithm/protocol, the copy direction, or the
+    kernel class; for a gap ledger, the work that ended the gap. Largest first."""
     schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64}
     if not (has_table(con, "ledger_drilldown") and has_table(con, "kernel_classes")
             and has_table(con, "step_windows")):
@@ -169,7 +169,8 @@ def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
                    WHERE job = ? AND end_ns > start_ns),
         k AS (
             SELECT ledger, end_ns - start_ns AS ns,
-                   coalesce(CASE WHEN coll IS NOT NULL THEN coll || coalesce(' (' || axis || ')', '') END,
+                   coalesce(CASE WHEN coll IS NOT NULL THEN coll || coalesce(' (' || axis || ')', '')
+                                 || coalesce(' ' || algorithm || '/' || protocol, '') END,
                             CASE WHEN copy_kind IS NOT NULL THEN 'copy ' || copy_kind END, kclass) AS what
             FROM ledger_drilldown WHERE job = ?
         )

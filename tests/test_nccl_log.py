@@ -335,6 +335,13 @@ def test_profiler_collectives_link_to_their_nccl_lines(tmp_path, moves, method):
     d = collective_detail(db, "dp4", 3, "0", 2)
     assert (d["algorithm"], d["protocol"], d["n_channels"], d["count"], d["dtype"]) == (
         "TREE", "LL128", 8, gt["collectives"][1]["nelems"], "bfloat16")
+    # the ledger drill-down shows each comm interval's algorithm, protocol and channels
+    from analysis.attribution import attribute_job
+
+    attribute_job(db, "dp4")
+    got = db.execute("""SELECT DISTINCT seq, algorithm, protocol, n_channels FROM ledger_drilldown
+                        WHERE job = 'dp4' AND ledger IN ('exposed_comm', 'straggler') ORDER BY seq""").fetchall()
+    assert got and all((a, p, c) == PLANTED[sq] for sq, a, p, c in got)
     db.close()
 
 
