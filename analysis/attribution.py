@@ -1,8 +1,10 @@
 """Charge every nanosecond of every rank's step windows to exactly one of the nine ledgers.
 
 Precedence (LEDGERS contract): compute/recompute > communication (straggler | bubble | exposed_comm) >
-memcpy > the idle gap's cause (io > bubble > host > idle). The sweep is vectorised with numpy: the window
-is cut at every interval boundary into elementary segments, each labelled by array lookups.
+memcpy > the idle gap's cause (io > bubble > host > idle). The sweep is vectorised with numpy: every rank of
+the job is laid on one shared time axis, cut at every interval boundary and step-window bound into elementary
+segments, each labelled by running sums over boundary marks (_sweep). Collectives are matched across ranks
+by (process group, sequence), else by order, and per-rank clock offsets come from their completions (_align).
 """
 from __future__ import annotations
 
@@ -97,19 +99,6 @@ def _cover_index(fs, fe):
     runmax = np.maximum.accumulate(fe)
     holder = np.maximum.accumulate(np.where(fe >= runmax, np.arange(fe.size), 0))
     return runmax, holder
-
-
-def _covering(x, fs, runmax, holder):
-    """Index of an op of (fs sorted) that covers each point x, else -1."""
-    out = np.full(x.size, -1, dtype=np.int64)
-    if fs.size == 0:
-        return out
-    i = np.searchsorted(fs, x, side="right") - 1
-    ok = i >= 0
-    ic = np.maximum(i, 0)
-    ok &= runmax[ic] > x
-    out[ok] = holder[ic[ok]]
-    return out
 
 
 I64_MAX = np.iinfo(np.int64).max
