@@ -30,7 +30,10 @@ DDL = {
 # Every charged interval with the LEDGERS drill-down keys: kernel class, collective type, process group and
 # its axis, message bytes, copy direction; and, where an NCCL log was linked to the collective, its
 # algorithm, protocol and channels.
-DRILLDOWN_VIEW = """CREATE OR REPLACE VIEW ledger_drilldown AS
+def drilldown_sql(nccl: bool = True) -> str:
+    """The SELECT behind ledger_drilldown (queries embed it, so a store written by an older version, whose view
+    lacks a column, still answers). NCCL=False leaves out the NCCL log columns (as NULL)."""
+    sql = """
     SELECT li.*, kc.kclass, c.coll, c.bytes, c.group_size, pa.axis, nl.algorithm, nl.protocol, nl.n_channels,
            CASE WHEN li.op_name LIKE 'Memcpy %' THEN nullif(regexp_extract(li.op_name, 'Memcpy (\\w+)', 1), '')
            END AS copy_kind
@@ -45,6 +48,14 @@ DRILLDOWN_VIEW = """CREATE OR REPLACE VIEW ledger_drilldown AS
                       max(n_channels) AS n_channels
                FROM nccl_coll_links WHERE seq IS NOT NULL GROUP BY ALL) nl
            ON nl.job = li.job AND nl.rank = li.rank AND nl.pg_name = li.pg_name AND nl.seq = li.seq"""
+    if not nccl:
+        sql = sql.replace("nl.algorithm, nl.protocol, nl.n_channels,", "NULL AS algorithm, NULL AS protocol, "
+                          "NULL::INTEGER AS n_channels,")
+        sql = sql[:sql.index("    LEFT JOIN (SELECT job, rank, pg_name, seq, min(algorithm)")]
+    return sql
+
+
+DRILLDOWN_VIEW = "CREATE OR REPLACE VIEW ledger_drilldown AS" + drilldown_sql()
 
 RECOMPUTE_HOST = ("name IN ('CheckpointFunctionBackward', 'CheckpointFunction') OR name LIKE '%recompute_fn%' "
                   "OR name LIKE '%CheckpointFunctionBackward%'")

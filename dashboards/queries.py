@@ -161,9 +161,12 @@ def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
     collective, its group's axis and (from a linked NCCL log) algorithm/protocol, the copy direction, or the
     kernel class; for a gap ledger, the work that ended the gap. Largest first."""
     schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64}
-    if not (has_table(con, "ledger_drilldown") and has_table(con, "kernel_classes")
-            and has_table(con, "step_windows")):
-        return _empty(schema)
+    from analysis.attribution import drilldown_sql
+
+    if not all(has_table(con, t) for t in ("ledger_intervals", "kernel_classes", "pg_axes", "collectives",
+                                             "step_windows")):
+        return _empty(schema)   # not attributed, or attributed by a version without the drill-down tables
+    drill = drilldown_sql(nccl=has_table(con, "nccl_coll_links"))
     df = _pl(con, f"""
         WITH w AS (SELECT count(*) AS n, sum(end_ns - start_ns) AS total FROM step_windows
                    WHERE job = ? AND end_ns > start_ns),
@@ -172,7 +175,7 @@ def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
                    coalesce(CASE WHEN coll IS NOT NULL THEN coll || coalesce(' (' || axis || ')', '')
                                  || coalesce(' ' || algorithm || '/' || protocol, '') END,
                             CASE WHEN copy_kind IS NOT NULL THEN 'copy ' || copy_kind END, kclass) AS what
-            FROM ledger_drilldown WHERE job = ?
+            FROM ({drill}) d WHERE job = ?
         )
         SELECT ledger,
                CASE WHEN ledger IN ('host', 'io', 'idle') OR (ledger = 'bubble' AND what IS NULL)

@@ -147,6 +147,36 @@ def ledgers(db, job, fmt):
                        + f" {w / 1e6:10.3f}")
 
 
+@cli.command()
+@click.option("--db", required=True)
+@click.option("--job", required=True)
+@click.option("--top", default=20, show_default=True, help="rows, largest first")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+def breakdown(db, job, top, fmt):
+    """Where the time went: per ledger, by collective and axis, copy direction or kernel class."""
+    import json as _json
+
+    from dashboards.queries import ledger_breakdown
+    from store.connection import connect
+
+    con = connect(db, read_only=True)
+    df = ledger_breakdown(con, job, top=top)
+    if df.height == 0:
+        click.echo(f"error: no ledgers for job {job!r} in {db}; run `ninefold attribute` first", err=True)
+        sys.exit(2)
+    rows = [(r["ledger"], r["key"], round(r["ns"]), r["share"]) for r in df.iter_rows(named=True)]
+    if fmt == "csv":
+        click.echo("ledger,key,ns_per_rank_step,share")
+        for led, key, ns, sh in rows:
+            click.echo(f"{led},\"{key}\",{ns},{sh:.6f}")
+    elif fmt == "json":
+        click.echo(_json.dumps([dict(zip(["ledger", "key", "ns_per_rank_step", "share"], r)) for r in rows]))
+    else:
+        click.echo(f"{'ledger':<13s} {'on':<34s} {'ms/rank-step':>12s} {'share':>7s}")
+        for led, key, ns, sh in rows:
+            click.echo(f"{led:<13s} {key[:34]:<34s} {ns / 1e6:12.3f} {100 * sh:6.1f}%")
+
+
 # Each area adds its commands from its own module: ``register(cli)``.
 CLI_MODULES = [
     "service.cli_sources",   # nsys / NCCL / Flight Recorder extras (hang report ...)

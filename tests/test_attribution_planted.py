@@ -259,3 +259,29 @@ def test_drilldown_view_carries_the_ledgers_keys(job, tmp_path):
     assert bub and {a for _, a in bub} == {"pp"} and {c for c, _ in bub} <= {"send", "recv"}
     assert len(c2.execute("SELECT * FROM pg_axes").fetchall()) == gen["stages"] - 1
     c2.close()
+
+
+def test_breakdown_cli(job, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    con, gt = job
+    path = str(tmp_path / "copy.duckdb")
+    con.execute(f"ATTACH '{path}' AS cp")
+    for t in ("ledger_intervals", "kernel_classes", "pg_axes", "collectives", "step_windows"):
+        con.execute(f"CREATE TABLE cp.{t} AS SELECT * FROM {t}")
+    con.execute("DETACH cp")
+    r = subprocess.run([sys.executable, "-m", "service.cli", "breakdown", "--db", path, "--job", "dp", "--top", "100",
+                        "--format", "json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert abs(sum(d["share"] for d in rows) - 1) < 1e-9
+    strag = [d for d in rows if d["ledger"] == "straggler"]
+    assert [d["key"] for d in strag] == ["allreduce (dp)"]
+    n = con.execute("SELECT count(*) FROM step_windows WHERE job = 'dp'").fetchone()[0]
+    want = con.execute("SELECT sum(ns) FROM ledger_totals WHERE job = 'dp' AND ledger = 'straggler'").fetchone()[0]
+    assert abs(strag[0]["ns_per_rank_step"] - want / n) <= 1
+    r = subprocess.run([sys.executable, "-m", "service.cli", "breakdown", "--db", path, "--job", "nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no ledgers for job 'nope'" in r.stderr
