@@ -176,7 +176,7 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     if R > 1 and sum(int(x) for x in span) >= 1 << 62:
         # the ranks' spans do not fit one int64 axis (e.g. a stray near-zero timestamp beside epoch ones):
         # sweep them in smaller groups
-        return _sweep_parts(allops, hosts, steps, waits, matched_keys, min_ops=0)
+        return _sweep_parts(allops, hosts, steps, waits, matched_keys, halve=True)
     shift = np.concatenate(([0], np.cumsum(span)[:-1])) - lo  # own clock + shift = shared axis
     vs, ve, vl = s + shift[op_ri], e + shift[op_ri], launch + shift[op_ri]
     V = {k: (a + shift[ri], b + shift[ri]) for k, (ri, a, b) in parts.items()}
@@ -337,14 +337,30 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     return res
 
 
-def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2, min_ops=200_000) -> dict:
-    """_sweep over rank groups in threads (ranks are independent once aligned; numpy releases the GIL in
-    its array loops), results joined in rank order."""
+GROUP_MAX_OPS = 2_000_000  # ops swept at once: bounds the sweep's working memory (~0.8 kB per op)
+
+
+def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2, min_ops=200_000,
+                 max_ops=GROUP_MAX_OPS, halve=False) -> dict:
+    """_sweep over groups of whole ranks, PARTS at a time in threads (ranks are independent once aligned; numpy
+    releases the GIL in its array loops), no group over MAX_OPS ops unless one rank alone is; HALVE: two groups
+    of half the ranks each. Results joined in rank order."""
     op_rank = _i64(allops["rank"])
-    uniq = np.unique(op_rank)
-    if parts < 2 or uniq.size < 2 or op_rank.size < min_ops:
+    n = op_rank.size
+    small = (n < min_ops or parts < 2) and n <= max_ops
+    if n == 0 or op_rank[0] == op_rank[-1] or (small and not halve):
         return _sweep(allops, hosts, steps, waits, matched_keys)
-    bounds = [uniq[0]] + [uniq[len(uniq) * k // parts] for k in range(1, parts)] + [uniq[-1] + 1]
+    first = np.flatnonzero(np.concatenate(([True], op_rank[1:] != op_rank[:-1])))  # each rank's first op
+    if halve:
+        cut = [0, first.size // 2]
+    else:
+        target = min(max_ops, -(-n // max(parts, 2)))
+        cut = [0]
+        for k in range(1, first.size):
+            if first[k] - first[cut[-1]] >= target:
+                cut.append(k)
+    uniq = op_rank[first]
+    bounds = [uniq[c] for c in cut] + [uniq[-1] + 1]
     jobs = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         a, b = np.searchsorted(op_rank, [lo, hi])
@@ -361,7 +377,7 @@ def _sweep_parts(allops, hosts, steps, waits, matched_keys, parts=2, min_ops=200
                      (_i64(matched_keys[0])[mk], _i64(matched_keys[1])[mk])))
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(parts) as ex:
+    with ThreadPoolExecutor(max(1, parts)) as ex:
         outs = list(ex.map(lambda j: _sweep(*j), jobs))
     res = {"unmatched": sum(o["unmatched"] for o in outs)}
     outs = [o for o in outs if o["win_rank"].size]
@@ -407,28 +423,32 @@ def _align(con, job, ranks):
     # rank within (process group, collective type) — also for comm kernels no collective row describes (traces
     # without record_param_comms), typed by their kernel name. Send/recv is never paired by order: a stage's
     # n-th transfer is not its neighbours' n-th.
-    c = con.execute(f"""
+    cols = "rank, start_ns, end_ns, gsz, p2p, gid"
+    by_seq = con.execute(f"""
+        SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, lower(coll) IN {P2P_COLLS} AS p2p,
+               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid
+        FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
+                         [job]).fetchnumpy()
+    by_order = con.execute(f"""
         WITH u AS (
-            SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, pg_name, seq, lower(coll) AS coll,
-                   lower(coll) IN {P2P_COLLS} AS p2p
-            FROM collectives WHERE job = ? AND source = 'kernel'
+            SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, pg_name, lower(coll) AS coll, false AS p2p
+            FROM collectives WHERE job = ? AND source = 'kernel' AND (seq IS NULL OR pg_name IS NULL)
+                AND lower(coll) NOT IN {P2P_COLLS}
             UNION ALL
-            SELECT g.rank, g.start_ns, g.end_ns, 0, NULL, NULL, k.cls, k.p2p
-            FROM gpu_ops g JOIN _kclass k ON k.name = g.name AND k.fam = 1
+            SELECT g.rank, g.start_ns, g.end_ns, 0, NULL, k.cls, false
+            FROM gpu_ops g JOIN _kclass k ON k.name = g.name AND k.fam = 1 AND NOT k.p2p
             WHERE g.job = ? AND g.kind = 'kernel' AND NOT EXISTS (
                 SELECT 1 FROM collectives x WHERE x.job = g.job AND x.rank = g.rank AND x.start_ns = g.start_ns
                 AND x.source = 'kernel')
-        ), keyed AS (
-            SELECT *, pg_name IS NOT NULL AND seq IS NOT NULL AS by_seq FROM u
-        ), ordered AS (
-            SELECT *, CASE WHEN NOT by_seq THEN row_number() OVER (
-                PARTITION BY rank, by_seq, coalesce(pg_name, ''), coll ORDER BY start_ns, end_ns) END AS ord
-            FROM keyed
+        ), o AS (
+            SELECT *, row_number() OVER (PARTITION BY rank, coalesce(pg_name, ''), coll ORDER BY start_ns, end_ns)
+                AS ord FROM u
         )
-        SELECT rank, start_ns, end_ns, gsz, p2p,
-               dense_rank() OVER (ORDER BY by_seq, coalesce(pg_name, ''), CASE WHEN by_seq THEN seq ELSE ord END,
-                                  CASE WHEN by_seq THEN '' ELSE coll END, p2p) - 1 AS gid
-        FROM ordered WHERE by_seq OR NOT p2p""", [job, job]).fetchnumpy()
+        SELECT {cols.replace("gid", "dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid")}
+        FROM o""", [job, job]).fetchnumpy()
+    g0 = int(np.max(by_seq["gid"])) + 1 if len(by_seq["gid"]) else 0
+    c = {k: np.concatenate([np.asarray(by_seq[k]), np.asarray(by_order[k]) + (g0 if k == "gid" else 0)])
+         for k in cols.split(", ")}
     ranks_a = _i64(ranks)
     R = ranks_a.size
     off = np.zeros(R, dtype=np.int64)
