@@ -82,9 +82,13 @@ def _store_keys(con, job: str, knames: list, rules: list) -> None:
     from analysis.cost_model.infer import classify_axis
 
     if knames:
+        # copies and memsets are known by their activity kind, not by a name rule
+        kinds = dict(con.execute("SELECT name, min(kind) FROM gpu_ops WHERE job = ? AND kind IN ('memcpy', 'memset') "
+                                 "GROUP BY name", [job]).fetchall())
+        fam = ["copy" if n in kinds else r[0] for n, r in zip(knames, rules)]
+        cls = [kinds.get(n, r[1]) for n, r in zip(knames, rules)]
         con.execute("INSERT INTO kernel_classes SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
-                    "unnest(?::VARCHAR[]), ?", [job, knames, [r[0] for r in rules], [r[1] for r in rules],
-                                                RULES_VERSION])
+                    "unnest(?::VARCHAR[]), ?", [job, knames, fam, cls, RULES_VERSION])
     groups: dict = {}
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchall()[0][0] or 0
     for pg, desc, gsz, coll in con.execute("""SELECT pg_name, any_value(pg_desc), max(group_size), lower(coll)

@@ -250,6 +250,9 @@ def test_drilldown_view_carries_the_ledgers_keys(job, tmp_path):
     assert {r[1] for r in rows if r[0] == "compute"} >= {"gemm", "elementwise"}
     assert "DtoH" in {r[4] for r in rows if r[0] == "memcpy"}     # the planted offload copy
     assert con.execute("SELECT axis FROM pg_axes WHERE job = 'dp'").fetchall() == [("dp",)]
+    assert con.execute("""SELECT DISTINCT k.family FROM kernel_classes k JOIN gpu_ops g ON g.job = k.job
+                          AND g.name = k.name WHERE k.job = 'dp' AND g.kind IN ('memcpy', 'memset')""").fetchall() == [
+        ("copy",)]
     gen = generate_1f1b(tmp_path / "pp", stages=4, microbatches=8, seed=1)
     c2 = connect(tmp_path / "pp.duckdb")
     ingest_paths(c2, [tmp_path / "pp"], job="pp")
