@@ -568,7 +568,7 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
         LEFT JOIN _kclass c ON c.name = g.name
         LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-        ORDER BY g.rank, g.start_ns, g.end_ns, fam, kid, g.stream""", [job, job, job]).fetchnumpy()
+        ORDER BY g.rank, g.start_ns, coalesce(l.launch_ns, g.start_ns), g.end_ns, fam, kid, g.stream, pgid, seq""", [job, job, job]).fetchnumpy()
     hosts = {}
     for key, where, pat in (("rc", RECOMPUTE_HOST, recompute_pattern), ("io", IO_HOST, io_pattern),
                             ("nb", NESTED_BACKWARD, None)):
