@@ -79,7 +79,7 @@ def _ensure_tables(con):
 def _store_keys(con, job: str, knames: list, rules: list) -> None:
     """kernel_classes and pg_axes rows of JOB (small: one per distinct kernel name and process group)."""
     from analysis.classify import RULES_VERSION
-    from analysis.cost_model.infer import classify_axis
+    from analysis.cost_model.infer import process_groups
 
     if knames:
         # copies and memsets are known by their activity kind, not by a name rule
@@ -89,22 +89,14 @@ def _store_keys(con, job: str, knames: list, rules: list) -> None:
         cls = [kinds.get(n, r[1]) for n, r in zip(knames, rules)]
         con.execute("INSERT INTO kernel_classes SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
                     "unnest(?::VARCHAR[]), ?", [job, knames, fam, cls, RULES_VERSION])
-    groups: dict = {}
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchall()[0][0] or 0
-    for pg, desc, gsz, coll in con.execute("""SELECT pg_name, any_value(pg_desc), max(group_size), lower(coll)
-            FROM collectives WHERE job = ? AND pg_name IS NOT NULL GROUP BY pg_name, lower(coll)""",
-                                           [job]).fetchall():
-        g = groups.setdefault(pg, {"desc": desc, "size": gsz, "colls": set()})
-        g["colls"].add(coll)
-        g["desc"] = g["desc"] or desc
-        g["size"] = max(g["size"] or 0, gsz or 0) or None
+    groups = process_groups(con, job, world=world)
     if groups:
         names = sorted(groups)
         con.execute("INSERT INTO pg_axes SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
                     "unnest(?::INTEGER[]), unnest(?::VARCHAR[])",
                     [job, names, [groups[n]["desc"] for n in names], [groups[n]["size"] for n in names],
-                     [classify_axis(groups[n]["desc"], groups[n]["colls"], groups[n]["size"] or 0, world)
-                      for n in names]])
+                     [groups[n]["axis"] for n in names]])
 
 
 def _cover_index(fs, fe):
@@ -427,7 +419,6 @@ def _align(con, job, ranks):
     # rank within (process group, collective type) — also for comm kernels no collective row describes (traces
     # without record_param_comms), typed by their kernel name. Send/recv is never paired by order: a stage's
     # n-th transfer is not its neighbours' n-th.
-    cols = "rank, start_ns, end_ns, gsz, p2p, gid"
     by_seq = con.execute(f"""
         SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, lower(coll) IN {P2P_COLLS} AS p2p,
                dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid
@@ -448,11 +439,11 @@ def _align(con, job, ranks):
             SELECT *, row_number() OVER (PARTITION BY rank, coalesce(pg_name, ''), coll ORDER BY start_ns, end_ns)
                 AS ord FROM u
         )
-        SELECT {cols.replace("gid", "dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid")}
+        SELECT rank, start_ns, end_ns, gsz, p2p, dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid
         FROM o""", [job, job]).fetchnumpy()
     g0 = int(np.max(by_seq["gid"])) + 1 if len(by_seq["gid"]) else 0
     c = {k: np.concatenate([np.asarray(by_seq[k]), np.asarray(by_order[k]) + (g0 if k == "gid" else 0)])
-         for k in cols.split(", ")}
+         for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid")}
     ranks_a = _i64(ranks)
     R = ranks_a.size
     off = np.zeros(R, dtype=np.int64)
@@ -507,18 +498,23 @@ def _align(con, job, ranks):
     return {int(r): int(o) for r, o in zip(ranks_a, off)}, waits, matched_keys
 
 
+def check_pattern(what: str, pat: str | None) -> None:
+    """ValueError naming WHAT when PAT (a user's host-op name pattern) is not a regular expression."""
+    import re
+
+    if pat is not None:
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise ValueError(f"{what} {pat!r} is not a regular expression: {e}") from None
+
+
 def attribute_job(con, job: str, recompute_pattern: str | None = None, io_pattern: str | None = None) -> dict:
     """Charge every step window of JOB to the nine ledgers (tables in DDL). RECOMPUTE_PATTERN / IO_PATTERN: a
     regular expression on host op names (annotations, cpu ops, python frames) marking recomputation or
     data-loading / storage regions, beside the built-in rules."""
-    import re
-
-    for what, pat in (("recompute pattern", recompute_pattern), ("io pattern", io_pattern)):
-        if pat is not None:
-            try:
-                re.compile(pat)
-            except re.error as e:
-                raise ValueError(f"{what} {pat!r} is not a regular expression: {e}") from None
+    check_pattern("recompute pattern", recompute_pattern)
+    check_pattern("io pattern", io_pattern)
     _ensure_tables(con)
     for t in DDL:
         if t != "clock_offsets":

@@ -92,17 +92,14 @@ def summary(db):
               help="host op names that mark data loading / storage I/O, beside the built-in rules")
 def attribute(db, job, recompute_pattern, io_pattern):
     """Compute ledger_intervals and ledger_totals for the stored traces."""
-    import re
-
-    from analysis.attribution import attribute_job
+    from analysis.attribution import attribute_job, check_pattern
     from store.connection import connect
 
-    for opt, pat in (("--recompute-pattern", recompute_pattern), ("--io-pattern", io_pattern)):
-        if pat is not None:
-            try:
-                re.compile(pat)
-            except re.error as e:
-                raise click.UsageError(f"{opt} {pat!r} is not a regular expression: {e}")
+    try:
+        check_pattern("--recompute-pattern", recompute_pattern)
+        check_pattern("--io-pattern", io_pattern)
+    except ValueError as e:
+        raise click.UsageError(str(e))
     con = connect(db)
     jobs = [job] if job else [r[0] for r in con.execute("SELECT job FROM jobs ORDER BY job").fetchall()]
     for j in jobs:

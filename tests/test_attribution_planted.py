@@ -58,6 +58,24 @@ def test_planted_clock_offsets_recovered_to_the_nanosecond(tmp_path):
         assert abs(got[r] - (off - planted[0])) <= 1, (r, got[r], off - planted[0])
 
 
+def _rewritten_job(tmp_path, edit):
+    """The fixture's job generated again (the generator is seeded), each event passed through EDIT (return
+    False to drop it), ingested into a database of its own."""
+    import json
+
+    generate(tmp_path / "orig", ranks=4, steps=4, seed=3)
+    d = tmp_path / "edited"
+    d.mkdir()
+    for f in sorted((tmp_path / "orig").glob("rank-*.json")):
+        doc = json.loads(f.read_text())
+        doc["traceEvents"] = [ev for ev in doc["traceEvents"] if edit(ev) is not False]
+        (d / f.name).write_text(json.dumps(doc))
+    db = tmp_path / "edited.duckdb"
+    con = connect(db)
+    assert all(r.status == "stored" for r in ingest_paths(con, sorted(d.glob("rank-*.json")), job="dp"))
+    return con, db
+
+
 COLL_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
              "Process Group Description", "Process Group Ranks", "Rank", "Seq")
 
@@ -66,28 +84,17 @@ COLL_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size",
 def test_collectives_without_sequence_numbers_match_by_order(job, tmp_path, strip):
     # older traces: no Seq (match by order within process group and collective type), or no collective
     # metadata at all (no record_param_comms, bare NCCL kernels typed by name): same waits as with Seq
-    import json
-
     con, gt = job
-    generate(tmp_path / "orig", ranks=4, steps=4, seed=3)  # the fixture's job again (the generator is seeded)
-    src = sorted((tmp_path / "orig").glob("rank-*.json"))
-    d = tmp_path / strip
-    d.mkdir()
-    for f in src:
-        doc = json.loads(f.read_text())
-        evs = []
-        for ev in doc["traceEvents"]:
-            if strip == "all" and ev.get("name") == "record_param_comms":
-                continue
-            a = ev.get("args")
-            if isinstance(a, dict):
-                for k in (("Seq",) if strip == "seq" else COLL_ARGS):
-                    a.pop(k, None)
-            evs.append(ev)
-        doc["traceEvents"] = evs
-        (d / f.name).write_text(json.dumps(doc))
-    c2 = connect(tmp_path / "o.duckdb")
-    assert all(r.status == "stored" for r in ingest_paths(c2, sorted(d.glob("rank-*.json")), job="dp"))
+
+    def edit(ev):
+        if strip == "all" and ev.get("name") == "record_param_comms":
+            return False
+        a = ev.get("args")
+        if isinstance(a, dict):
+            for k in (("Seq",) if strip == "seq" else COLL_ARGS):
+                a.pop(k, None)
+
+    c2, _ = _rewritten_job(tmp_path, edit)
     if strip == "all":
         assert c2.execute("SELECT count(*) FROM collectives WHERE source = 'kernel'").fetchone()[0] == 0
     else:
@@ -203,7 +210,6 @@ def test_intervals_carry_drill_down_keys(job):
 def test_user_patterns_mark_recompute_and_io_regions(job, tmp_path):
     # the same job with its checkpoint and dataloader annotations renamed: the built-in rules no longer see
     # them; --recompute-pattern / --io-pattern bring the planted ledgers back exactly
-    import json
     import subprocess
     import sys
 
@@ -211,17 +217,12 @@ def test_user_patterns_mark_recompute_and_io_regions(job, tmp_path):
     rename = {"CheckpointFunctionBackward": "my_recompute_region",
               "autograd::engine::evaluate_function: CheckpointFunctionBackward": "my_recompute_wrapper",
               "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__": "fetch_batch_from_store"}
-    generate(tmp_path / "orig", ranks=4, steps=4, seed=3)
-    (tmp_path / "dp").mkdir()
-    for f in sorted((tmp_path / "orig").glob("rank-*.json")):
-        doc = json.loads(f.read_text())
-        for ev in doc["traceEvents"]:
-            if ev.get("name") in rename:
-                ev["name"] = rename[ev["name"]]
-        (tmp_path / "dp" / f.name).write_text(json.dumps(doc))
-    db = tmp_path / "p.duckdb"
-    c2 = connect(db)
-    assert all(r.status == "stored" for r in ingest_paths(c2, sorted((tmp_path / "dp").glob("rank-*.json")), job="dp"))
+
+    def edit(ev):
+        if ev.get("name") in rename:
+            ev["name"] = rename[ev["name"]]
+
+    c2, db = _rewritten_job(tmp_path, edit)
     attribute_job(c2, "dp")
     q = "SELECT coalesce(sum(ns), 0) FROM ledger_totals WHERE job = 'dp' AND ledger = ?"
     assert c2.execute(q, ["recompute"]).fetchone()[0] == 0 and c2.execute(q, ["io"]).fetchone()[0] == 0

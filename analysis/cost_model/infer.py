@@ -30,25 +30,15 @@ def classify_axis(desc: str | None, colls: set, size: int, world: int) -> str:
     return "dp"
 
 
-def infer(con, job: str) -> dict:
-    """Facts with their evidence; raises NinefoldError when the job is not in the database."""
-    tr = con.execute("SELECT rank, world_size, device_name, pg_config FROM traces WHERE job = ? ORDER BY rank",
-                     [job]).fetchall()
-    if not tr:
-        raise NinefoldError(f"job {job!r}: no traces stored under that name")
-    ranks = [r[0] for r in tr]
-    world = max([r[1] for r in tr if r[1]] or [len(ranks)])
-    facts: dict = {"world_size": world, "ranks_present": len(ranks)}
-    dev = next((r[2] for r in tr if r[2]), None)
-    if preset_for_device(dev):
-        facts["preset"] = (preset_for_device(dev), dev)
-    n_steps = con.execute("SELECT count(DISTINCT step) FROM steps WHERE job = ?", [job]).fetchone()[0] or 1
-    facts["steps"] = n_steps
-    # process groups: from pg_config and from the collectives rows
+def process_groups(con, job: str, pg_configs: list | None = None, world: int = 0) -> dict:
+    """The job's process groups that ran a collective: {pg_name: {desc, size, ranks, colls, axis}}, from the
+    traces' pg_config (JSON texts, PG_CONFIGS; read from the traces when None) and the collectives rows."""
+    if pg_configs is None:
+        pg_configs = [r[0] for r in con.execute("SELECT pg_config FROM traces WHERE job = ?", [job]).fetchall()]
     pgs: dict = {}
-    for r in tr:
+    for raw in pg_configs:
         try:
-            cfgs = json.loads(r[3]) if r[3] else []
+            cfgs = json.loads(raw) if raw else []
         except ValueError:
             cfgs = []
         for g in cfgs or []:
@@ -63,8 +53,26 @@ def infer(con, job: str) -> dict:
         e["size"] = e["size"] or gsz
         e["desc"] = e["desc"] or desc
     used = {k: v for k, v in pgs.items() if v["colls"]}
-    for name, g in used.items():
+    for g in used.values():
         g["axis"] = classify_axis(g["desc"], g["colls"], g["size"] or 0, world)
+    return used
+
+
+def infer(con, job: str) -> dict:
+    """Facts with their evidence; raises NinefoldError when the job is not in the database."""
+    tr = con.execute("SELECT rank, world_size, device_name, pg_config FROM traces WHERE job = ? ORDER BY rank",
+                     [job]).fetchall()
+    if not tr:
+        raise NinefoldError(f"job {job!r}: no traces stored under that name")
+    ranks = [r[0] for r in tr]
+    world = max([r[1] for r in tr if r[1]] or [len(ranks)])
+    facts: dict = {"world_size": world, "ranks_present": len(ranks)}
+    dev = next((r[2] for r in tr if r[2]), None)
+    if preset_for_device(dev):
+        facts["preset"] = (preset_for_device(dev), dev)
+    n_steps = con.execute("SELECT count(DISTINCT step) FROM steps WHERE job = ?", [job]).fetchone()[0] or 1
+    facts["steps"] = n_steps
+    used = process_groups(con, job, [r[3] for r in tr], world)
     facts["groups"] = {k: {"axis": v["axis"], "size": v["size"], "desc": v["desc"],
                            "colls": sorted(c for c in v["colls"] if c)} for k, v in used.items()}
     by_axis: dict = {}
