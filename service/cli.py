@@ -163,9 +163,11 @@ def breakdown(db, job, top, fmt):
         sys.exit(2)
     rows = [(r["ledger"], r["key"], round(r["ns"]), r["share"]) for r in df.iter_rows(named=True)]
     if fmt == "csv":
-        click.echo("ledger,key,ns_per_rank_step,share")
-        for led, key, ns, sh in rows:
-            click.echo(f"{led},\"{key}\",{ns},{sh:.6f}")
+        import csv
+
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(["ledger", "key", "ns_per_rank_step", "share"])
+        out.writerows((led, key, ns, f"{sh:.6f}") for led, key, ns, sh in rows)
     elif fmt == "json":
         click.echo(_json.dumps([dict(zip(["ledger", "key", "ns_per_rank_step", "share"], r)) for r in rows]))
     else:
