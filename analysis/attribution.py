@@ -21,10 +21,17 @@ DDL = {
                            op_name VARCHAR, pg_name VARCHAR, seq BIGINT""",
     "ledger_totals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, ns BIGINT""",
     "step_windows": """job VARCHAR, rank INTEGER, step INTEGER, start_ns BIGINT, end_ns BIGINT""",
-    "clock_offsets": """job VARCHAR, rank INTEGER, offset_ns BIGINT, residual_ns BIGINT, n_matched INTEGER""",
+    # offset_ns is the offset applied (0 where the estimate was not used); estimate_ns what the completions say
+    "clock_offsets": """job VARCHAR, rank INTEGER, offset_ns BIGINT, residual_ns BIGINT, n_matched INTEGER,
+                        estimate_ns BIGINT, applied BOOLEAN, reason VARCHAR""",
     # per job: the class rule each kernel name met, and the parallel axis each process group was read as
     "kernel_classes": """job VARCHAR, name VARCHAR, family VARCHAR, kclass VARCHAR, rules_version INTEGER""",
     "pg_axes": """job VARCHAR, pg_name VARCHAR, pg_desc VARCHAR, group_size INTEGER, axis VARCHAR""",
+    # every collective kernel as matched across ranks: its own clock's start/end, the aligned arrival of itself
+    # and of the last member (ns), whether it was matched (enough members, ends agree), the shortest member
+    "collective_matches": """job VARCHAR, rank INTEGER, gid BIGINT, pg_name VARCHAR, coll VARCHAR, seq BIGINT,
+                             ord BIGINT, start_ns BIGINT, end_ns BIGINT, arrival_ns BIGINT, last_arrival_ns BIGINT,
+                             n_members INTEGER, p2p BOOLEAN, matched BOOLEAN, min_member_ns BIGINT""",
 }
 
 # Every charged interval with the LEDGERS drill-down keys: kernel class, collective type, process group and
@@ -57,8 +64,11 @@ def drilldown_sql(nccl: bool = True) -> str:
 
 DRILLDOWN_VIEW = "CREATE OR REPLACE VIEW ledger_drilldown AS" + drilldown_sql()
 
-RECOMPUTE_HOST = ("name IN ('CheckpointFunctionBackward', 'CheckpointFunction') OR name LIKE '%recompute_fn%' "
-                  "OR name LIKE '%CheckpointFunctionBackward%'")
+# Recompute = the forward re-run inside backward, decided by where a kernel was launched (same thread): inside a
+# non-reentrant checkpoint's recompute_fn frame, or inside a reentrant CheckpointFunctionBackward before its inner
+# backward starts. ('CheckpointFunction' itself is the original forward, not a recomputation.)
+RECOMPUTE_HOST = "name LIKE '%recompute_fn%'"
+REENTRANT_HOST = "name LIKE '%CheckpointFunctionBackward%'"
 IO_HOST = ("name LIKE 'enumerate(DataLoader)%' OR name LIKE '%DataLoader%__next__%' OR name IN "
            "('torch.load', 'torch.save', 'aten::save', 'aten::load') OR name LIKE '%checkpoint_save%' "
            "OR name LIKE '%save_checkpoint%'")
@@ -73,6 +83,8 @@ def _ensure_tables(con):
         con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
     for col, typ in (("op_name", "VARCHAR"), ("pg_name", "VARCHAR"), ("seq", "BIGINT")):
         con.execute(f"ALTER TABLE ledger_intervals ADD COLUMN IF NOT EXISTS {col} {typ}")
+    for col, typ in (("estimate_ns", "BIGINT"), ("applied", "BOOLEAN"), ("reason", "VARCHAR")):
+        con.execute(f"ALTER TABLE clock_offsets ADD COLUMN IF NOT EXISTS {col} {typ}")
     con.execute(DRILLDOWN_VIEW)
 
 
@@ -146,7 +158,7 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
 
     # everything that lives on a rank's timeline: (rank index, starts, ends)
     parts = {}
-    for key in ("rc", "io", "nb"):
+    for key in ("io",):
         hr, hs, he = hosts[key]
         i, ok = rank_index(hr)
         parts[key] = (i[ok], hs[ok], he[ok])
@@ -177,13 +189,9 @@ def _sweep(allops, hosts, steps, waits, matched_keys) -> dict:
     vs, ve, vl = s + shift[op_ri], e + shift[op_ri], launch + shift[op_ri]
     V = {k: (a + shift[ri], b + shift[ri]) for k, (ri, a, b) in parts.items()}
 
-    rc = union(*V["rc"])
     io = union(*V["io"])
-    nb_s, nb_e = V["nb"]
-    inner = covered(nb_s, *rc)  # nested backward nodes that start inside a checkpoint region
-    nbu = union(nb_s[inner], nb_e[inner])
     comp, comm, copy = fam == 0, fam == 1, fam == 2
-    is_re = comp & covered(vl, *rc) & ~covered(vl, *nbu)
+    is_re = comp & np.asarray(allops["re"], dtype=bool)
     mk = np.sort(ms + shift[mri])
     x = vs[comm]
     at = np.minimum(np.searchsorted(mk, x), max(mk.size - 1, 0))
@@ -406,7 +414,69 @@ def _group_median(g, v, n_groups):
     return med
 
 
-def _align(con, job, ranks):
+ORDER_MATCH_TOL_NS = 1_000_000  # members of one collective complete within this of each other (aligned clocks)
+SKEW_NS = 10_000  # completion skew of one collective across members: offsets below it are not evidence
+
+
+def _estimate_offsets(gm, rm_, em, G, R):
+    """Per-rank clock offset (relative to rank index 0), residual and count from matched completions: offset_r
+    = median over its collectives of (end_r − median end of the collective), refined once."""
+    off = np.zeros(R, dtype=np.int64)
+    for _ in range(2):  # refine once with the offsets found
+        adj = em - off[rm_]
+        dev = adj - _group_median(gm, adj, G)[gm]
+        d = _group_median(rm_, dev, R)
+        has = ~np.isnan(d)
+        off[has] += np.trunc(d[has]).astype(np.int64)
+        off -= off[0]
+    adj = em - off[rm_]
+    ad = np.abs(adj - _group_median(gm, adj, G)[gm])
+    n_m = np.bincount(rm_, minlength=R)
+    med = _group_median(rm_, ad, R)
+    resid = np.where(np.isnan(med), 0, np.trunc(np.nan_to_num(med))).astype(np.int64)
+    return off, resid, n_m
+
+
+def _decide_offsets(est, resid, n_m, hosts, ranks_a):
+    """Which estimated offsets to apply, and why. Ranks on one host share a clock (offset 0); elsewhere an
+    offset is applied only when it beats the completion skew and the residual (3x)."""
+    R = est.size
+    off = np.zeros(R, dtype=np.int64)
+    applied = np.zeros(R, dtype=bool)
+    reasons = []
+    for i in range(R):
+        if i == 0:
+            reasons.append("reference clock")
+        elif hosts[i] >= 0 and hosts[i] == hosts[0]:
+            reasons.append(f"same host as rank {int(ranks_a[0])}: one clock")
+        elif n_m[i] == 0:
+            reasons.append("no matched collective")
+        elif abs(int(est[i])) <= max(3 * int(resid[i]), SKEW_NS):
+            reasons.append(f"estimate {int(est[i])} ns within the completion skew (residual {int(resid[i])} ns, "
+                           f"{int(n_m[i])} matched)")
+        else:
+            applied[i] = True
+            off[i] = est[i]
+            where = "another host" if hosts[i] >= 0 else "host unknown"
+            reasons.append(f"{where}; estimate beats the residual {int(resid[i])} ns ({int(n_m[i])} matched)")
+    return off, applied, reasons
+
+
+def _store_matches(con, job, cols):
+    import pyarrow as pa
+
+    seq, ordn = cols["seq"], cols["ord"]
+    t = {k: v for k, v in cols.items()}
+    t["seq"] = pa.array(seq, mask=seq < 0)
+    t["ord"] = pa.array(ordn, mask=ordn < 0)
+    t["pg_name"] = pa.array([x or None for x in cols["pg_name"]], pa.string())
+    t["coll"] = pa.array([x or None for x in cols["coll"]], pa.string())
+    con.register("_cm", pa.table(t))
+    con.execute("INSERT INTO collective_matches SELECT ?, * FROM _cm", [job])
+    con.unregister("_cm")
+
+
+def _align(con, job, ranks, host_codes=None):
     """Per-rank clock offsets from matched collective completions, and per-collective arrival info.
 
     A collective ends at nearly the same instant on every member, so offset_r = median over matched
@@ -421,7 +491,8 @@ def _align(con, job, ranks):
     # n-th transfer is not its neighbours' n-th.
     by_seq = con.execute(f"""
         SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, lower(coll) IN {P2P_COLLS} AS p2p,
-               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid
+               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid,
+               pg_name, coalesce(lower(coll), '') AS coll, seq, -1::BIGINT AS ord
         FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
                          [job]).fetchnumpy()
     by_order = con.execute(f"""
@@ -439,11 +510,13 @@ def _align(con, job, ranks):
             SELECT *, row_number() OVER (PARTITION BY rank, coalesce(pg_name, ''), coll ORDER BY start_ns, end_ns)
                 AS ord FROM u
         )
-        SELECT rank, start_ns, end_ns, gsz, p2p, dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid
+        SELECT rank, start_ns, end_ns, gsz, p2p, dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid,
+               coalesce(pg_name, '') AS pg_name, coalesce(coll, '') AS coll, -1::BIGINT AS seq, ord
         FROM o""", [job, job]).fetchnumpy()
     g0 = int(np.max(by_seq["gid"])) + 1 if len(by_seq["gid"]) else 0
-    c = {k: np.concatenate([np.asarray(by_seq[k]), np.asarray(by_order[k]) + (g0 if k == "gid" else 0)])
-         for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid")}
+    c = {k: np.concatenate([np.asarray(by_seq[k]), np.asarray(by_order[k]) + g0 if k == "gid"
+                            else np.asarray(by_order[k])])
+         for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid", "pg_name", "coll", "seq", "ord")}
     ranks_a = _i64(ranks)
     R = ranks_a.size
     off = np.zeros(R, dtype=np.int64)
@@ -455,6 +528,10 @@ def _align(con, job, ranks):
     G = int(gid.max()) + 1 if gid.size else 0
     waits = {k: (empty, empty, empty) for k in ("straggler", "bubble") for empty in [np.zeros(0, np.int64)]}
     matched_keys = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    est = np.zeros(R, dtype=np.int64)
+    applied = np.zeros(R, dtype=bool)
+    reasons = ["no matched collective"] * R
+    rejected = 0
     if G:
         t0 = int(e.min())
         er, sr = e - t0, s - t0
@@ -462,28 +539,32 @@ def _align(con, job, ranks):
         pair = np.sort(gid * R + ri)
         pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))]
         present = np.bincount(pair // R, minlength=G)
-        m = present[gid] >= 2  # matched: at least two ranks saw it
-        if m.any():
-            gm, rm_, em = gid[m], ri[m], er[m]
-            for _ in range(2):  # refine once with the offsets found
-                adj = em - off[rm_]
-                dev = adj - _group_median(gm, adj, G)[gm]
-                d = _group_median(rm_, dev, R)
-                has = ~np.isnan(d)
-                off[has] += np.trunc(d[has]).astype(np.int64)
-                off -= off[0]
-            adj = em - off[rm_]
-            ad = np.abs(adj - _group_median(gm, adj, G)[gm])
-            n_m = np.bincount(rm_, minlength=R)
-            med = _group_median(rm_, ad, R)
-            resid = np.where(np.isnan(med), 0, np.trunc(np.nan_to_num(med))).astype(np.int64)
+        ok = present >= 2  # matched: at least two ranks saw it
+        hosts = _i64(host_codes) if host_codes is not None else np.full(R, -1, dtype=np.int64)
+        for _ in range(2):
+            # offsets from the collectives whose members agree; then drop order matches whose members' ends
+            # disagree by more than any completion skew (a peer missing from the trace shifts the order)
+            m = ok[gid]
+            est[:] = 0
+            resid[:] = 0
+            n_m[:] = 0
+            if m.any():
+                est, resid, n_m = _estimate_offsets(gid[m], ri[m], er[m], G, R)
+            off, applied, reasons = _decide_offsets(est, resid, n_m, hosts, ranks_a)
+            adj = er - off[ri]
+            hi_ = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
+            lo_ = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
+            np.maximum.at(hi_, gid, adj)
+            np.minimum.at(lo_, gid, adj)
+            ok = (present >= 2) & (hi_ - lo_ <= ORDER_MATCH_TOL_NS)
+        rejected = int(((present >= 2) & ~ok)[gid].sum())
         p2p = np.asarray(c["p2p"], dtype=bool)
         gp2p = np.zeros(G, dtype=bool)
         gp2p[gid] = p2p
         need = np.zeros(G, dtype=np.int64)
         np.maximum.at(need, gid, _i64(c["gsz"]))
         need = np.where(gp2p, 2, np.maximum(need, 2))
-        acc = (present >= need)[gid]
+        acc = ((present >= need) & ok)[gid]
         last = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(last, gid, sr - off[ri])
         w_end = np.minimum(er, last[gid] + off[ri]) + t0
@@ -491,11 +572,65 @@ def _align(con, job, ranks):
         for kind, sel in (("straggler", w & ~p2p), ("bubble", w & p2p)):
             waits[kind] = (ranks_a[ri[sel]], s[sel], w_end[sel])
         matched_keys = (ranks_a[ri[acc]], s[acc])
+        dur = e - s
+        mind = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(mind, gid, np.where(acc, dur, np.iinfo(np.int64).max))
+        _store_matches(con, job, {
+            "rank": ranks_a[ri].astype(np.int32), "gid": gid, "pg_name": np.asarray(c["pg_name"], dtype=object),
+            "coll": np.asarray(c["coll"], dtype=object), "seq": _i64(c["seq"]), "ord": _i64(c["ord"]),
+            "start_ns": s, "end_ns": e, "arrival_ns": s - off[ri], "last_arrival_ns": last[gid] + t0,
+            "n_members": present[gid].astype(np.int32), "p2p": p2p, "matched": acc,
+            "min_member_ns": np.where(acc, mind[gid], dur)})
     con.execute("DELETE FROM clock_offsets WHERE job = ?", [job])
-    con.execute("INSERT INTO clock_offsets SELECT ?, unnest(?::INTEGER[]), unnest(?::BIGINT[]), "
-                "unnest(?::BIGINT[]), unnest(?::INTEGER[])",
-                [job, ranks_a.tolist(), off.tolist(), resid.tolist(), n_m.tolist()])
+    con.execute("INSERT INTO clock_offsets (job, rank, offset_ns, residual_ns, n_matched, estimate_ns, applied, "
+                "reason) SELECT ?, unnest(?::INTEGER[]), unnest(?::BIGINT[]), unnest(?::BIGINT[]), "
+                "unnest(?::INTEGER[]), unnest(?::BIGINT[]), unnest(?::BOOLEAN[]), unnest(?::VARCHAR[])",
+                [job, ranks_a.tolist(), off.tolist(), resid.tolist(), n_m.tolist(), est.tolist(),
+                 applied.tolist(), reasons])
+    if rejected:
+        con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'order_match_rejected', ?, ?)",
+                    [job, rejected, "collectives without sequence numbers matched by order whose members' ends "
+                     f"disagree by more than {ORDER_MATCH_TOL_NS // 1000} us (a peer is missing from the trace); "
+                     "left unmatched"])
     return {int(r): int(o) for r, o in zip(ranks_a, off)}, waits, matched_keys
+
+
+def _recomputed(con, job, allops, pattern=None):
+    """Per op: launched (on its launching thread) inside a recompute region. Regions: non-reentrant recompute_fn
+    frames, whole; a reentrant CheckpointFunctionBackward (or a region of the user's pattern) up to the start of
+    the first autograd node nested in it on the same thread (its inner backward)."""
+    extra = " OR regexp_matches(name, ?)" if pattern is not None else ""
+    reg = con.execute(f"""
+        WITH rc AS (
+            -- a user's region is read like a reentrant checkpoint: up to the autograd node nested in it
+            SELECT rank, pid, tid, start_ns, end_ns, NOT ({RECOMPUTE_HOST}) AS reentrant FROM host_ops
+            WHERE job = ? AND ({RECOMPUTE_HOST} OR {REENTRANT_HOST}{extra})
+        ), nb AS (
+            SELECT rank, pid, tid, start_ns FROM host_ops WHERE job = ? AND {NESTED_BACKWARD}
+                AND (rank, pid, tid) IN (SELECT (rank, pid, tid) FROM rc WHERE reentrant)
+        )
+        SELECT rc.rank, (hash(rc.pid, rc.tid) >> 1)::BIGINT AS th, rc.start_ns,
+               CASE WHEN rc.reentrant THEN least(rc.end_ns, coalesce(min(nb.start_ns), rc.end_ns))
+                    ELSE rc.end_ns END AS end_ns
+        FROM rc LEFT JOIN nb ON rc.reentrant AND nb.rank = rc.rank AND nb.pid = rc.pid AND nb.tid = rc.tid
+                            AND nb.start_ns > rc.start_ns AND nb.start_ns < rc.end_ns
+        GROUP BY rc.rank, rc.pid, rc.tid, rc.start_ns, rc.end_ns, rc.reentrant
+        ORDER BY 1, 2""", [job] + ([pattern] if pattern is not None else []) + [job]).fetchnumpy()
+    op_rank = _i64(allops["rank"])
+    out = np.zeros(op_rank.size, dtype=bool)
+    if len(reg["rank"]) == 0 or op_rank.size == 0:
+        return out
+    rr, rth = _i64(reg["rank"]), _i64(reg["th"])
+    rs, re_ = _i64(reg["start_ns"]), _i64(reg["end_ns"])
+    lth, vl = _i64(allops["lth"]), _i64(allops["launch_ns"])
+    key = np.concatenate(([True], (rr[1:] != rr[:-1]) | (rth[1:] != rth[:-1])))
+    bounds = np.append(np.flatnonzero(key), rr.size)
+    for a, b in zip(bounds[:-1], bounds[1:]):  # one pass per (rank, thread) that has regions
+        lo, hi = np.searchsorted(op_rank, [rr[a], rr[a] + 1])
+        sel = np.flatnonzero(lth[lo:hi] == rth[a]) + lo
+        if sel.size:
+            out[sel] = covered(vl[sel], *union(rs[a:b], re_[a:b]))
+    return out
 
 
 def check_pattern(what: str, pat: str | None) -> None:
@@ -536,38 +671,44 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
                                       "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_()),
                                       "cls": pa.array([r[1] for r in rules], pa.string())}))
     _store_keys(con, job, knames, rules)
-    offsets, waits, matched_keys = _align(con, job, ranks)
+    hn = dict(con.execute("SELECT rank, host_name FROM traces WHERE job = ?", [job]).fetchall())
+    codes = {h: k for k, h in enumerate(sorted({h for h in hn.values() if h}))}
+    offsets, waits, matched_keys = _align(con, job, ranks, [codes.get(hn.get(r), -1) for r in ranks])
     t_align = time.perf_counter()
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
     pg_names = [r[0] for r in con.execute("SELECT DISTINCT pg_name FROM collectives WHERE job = ? "
                                           "AND pg_name IS NOT NULL ORDER BY 1", [job]).fetchall()]
     con.register("_pgs", pa.table({"pgid": pa.array(range(len(pg_names)), pa.int32()),
                                    "pg_name": pa.array(pg_names, pa.string())}))
-    allops = con.execute("""
+    allops = con.execute(f"""
         WITH launch AS (
-            SELECT rank, correlation, min(start_ns) AS launch_ns FROM host_ops
+            SELECT rank, correlation, min(start_ns) AS launch_ns,
+                   arg_min(hash(pid, tid) >> 1, start_ns)::BIGINT AS lth FROM host_ops
             WHERE job = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
             GROUP BY rank, correlation
         )
         , ck AS (  -- one collective key per comm kernel (rank, start, kernel name): a batched send/recv
                    -- kernel carries several; the drill-down names the one of lowest (seq, group)
             SELECT k.rank, k.start_ns, k.kernel_name, arg_min(p.pgid, [k.seq, p.pgid]) AS pgid,
-                   min(k.seq) AS seq
+                   min(k.seq) AS seq, bool_and(lower(k.coll) IN {P2P_COLLS}) AS p2p
             FROM collectives k LEFT JOIN _pgs p ON p.pg_name = k.pg_name
             WHERE k.job = ? AND k.source = 'kernel' GROUP BY ALL
         )
         SELECT g.rank, CASE WHEN g.kind = 'kernel' THEN coalesce(c.fam, 0) ELSE 2 END AS fam,
-               coalesce(c.p2p, false) AND g.kind = 'kernel' AS p2p,
+               -- a send/recv kernel is point-to-point unless the collective it carries is not (all-to-all)
+               coalesce(ck.p2p, c.p2p, false) AND g.kind = 'kernel' AS p2p,
                g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns,
-               coalesce(c.kid, -1) AS kid, coalesce(ck.pgid, -1) AS pgid, coalesce(ck.seq, -1) AS seq
+               coalesce(c.kid, -1) AS kid, coalesce(ck.pgid, -1) AS pgid, coalesce(ck.seq, -1) AS seq,
+               coalesce(l.lth, -1) AS lth
         FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation AND l.rank = g.rank
         LEFT JOIN _kclass c ON c.name = g.name
         LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
         WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
         ORDER BY g.rank, g.start_ns, coalesce(l.launch_ns, g.start_ns), g.end_ns, fam, kid, g.stream, pgid, seq""", [job, job, job]).fetchnumpy()
+    allops["re"] = _recomputed(con, job, allops, recompute_pattern)
+    del allops["lth"]
     hosts = {}
-    for key, where, pat in (("rc", RECOMPUTE_HOST, recompute_pattern), ("io", IO_HOST, io_pattern),
-                            ("nb", NESTED_BACKWARD, None)):
+    for key, where, pat in (("io", IO_HOST, io_pattern),):
         extra = " OR regexp_matches(name, ?)" if pat is not None else ""
         h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}{extra}) "
                         "ORDER BY rank", [job] + ([pat] if pat is not None else [])).fetchnumpy()

@@ -156,6 +156,15 @@ def job_overview(con, job: str) -> pl.DataFrame:
     return df.with_columns([pl.col(n).fill_null(0.0) for n in LEDGERS]) if df.height else _empty(schema)
 
 
+def comm_overlap(con, job: str) -> list[dict]:
+    """Per rank: communication kernel time in the step windows and the share compute kernels overlap."""
+    if not (has_table(con, "kernel_classes") and has_table(con, "step_windows")):
+        return []
+    from analysis.waits import comm_compute_overlap
+
+    return comm_compute_overlap(con, job)
+
+
 def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
     """Where the time went: ns per rank-step (and share of all step time) by ledger and drill-down key — the
     collective, its group's axis and (from a linked NCCL log) algorithm/protocol, the copy direction, or the

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.host_colls import insert_host_collectives
 from ingest.registry import loader_for
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
 from store.schema import PER_TRACE
@@ -323,6 +324,8 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                in_nelems * (CASE dtype {dtype_case} ELSE NULL END), group_size, start_ns, end_ns,
                kernel_name, external_id, source
         FROM j ORDER BY start_ns""", [job, rank])
+    # communication kernels that no named record_param_comms describes, typed by the host op that launched them
+    insert_host_collectives(con, job, rank)
 
     counts = dict(zip(
         ["kernel", "memcpy", "memset", "sync"],
@@ -367,15 +370,20 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
     con.execute("INSERT INTO jobs (job, world_size) VALUES (?, ?) ON CONFLICT (job) DO UPDATE SET "
                 "world_size = coalesce(excluded.world_size, jobs.world_size)", [job, world])
     con.execute("""INSERT INTO traces (job, rank, path, sha256, format, schema_version, world_size, device_name,
-                   base_ns, time_mode, backend, nccl_version, pg_config, n_events, salvaged)
-                   VALUES (?, ?, ?, ?, 'kineto', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   base_ns, time_mode, backend, nccl_version, pg_config, n_events, salvaged, host_name)
+                   VALUES (?, ?, ?, ?, 'kineto', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 [job, rank, str(Path(path).resolve()), digest, str(meta.get("schemaVersion", "")) or None, world,
                  device_name, base, time_mode,
                  di.get("backend") if isinstance(di, dict) else None,
                  str(di.get("nccl_version")) if isinstance(di, dict) and di.get("nccl_version") else None,
                  json.dumps(di.get("pg_config")) if isinstance(di, dict) and di.get("pg_config") else None,
-                 n_events, km.salvaged])
+                 n_events, km.salvaged, _host_name(meta)])
     return counts
+
+
+def _host_name(meta: dict) -> str | None:
+    h = meta.get("host_name", meta.get("hostname"))
+    return str(h)[:255] if isinstance(h, (str, int)) and str(h) else None
 
 
 def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None) -> list[LoadResult]:

@@ -47,7 +47,8 @@ EXIT_FAILED = 4
 
 # Ledgers whose growth is a regression (compute growing is the job getting better).
 REGRESSION_LEDGERS = tuple(n for n in LEDGERS if n != "compute")
-LEDGER_TABLES = ("ledger_totals", "ledger_intervals", "step_windows", "clock_offsets", "kernel_classes", "pg_axes")
+LEDGER_TABLES = ("ledger_totals", "ledger_intervals", "step_windows", "clock_offsets", "kernel_classes", "pg_axes",
+                 "collective_matches")
 NULL_PART = "__HIVE_DEFAULT_PARTITION__"
 JOB_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 HISTORY_NIGHTS = 30

@@ -132,7 +132,10 @@ def ledgers(db, job, fmt):
         for r in rows:
             click.echo(f"{r[0]},{r[1]},{r[2]},{r[3]}")
     elif fmt == "json":
-        click.echo(_json.dumps([dict(zip(["rank", "step", "ledger", "ns"], r)) for r in rows]))
+        from analysis.waits import comm_compute_overlap
+
+        click.echo(_json.dumps({"ledgers": [dict(zip(["rank", "step", "ledger", "ns"], r)) for r in rows],
+                                "comm_compute_overlap": comm_compute_overlap(con, job)}))
     else:
         table: dict = {}
         for rank, step, led, ns in rows:
@@ -174,6 +177,57 @@ def breakdown(db, job, top, fmt):
         click.echo(f"{'ledger':<13s} {'on':<34s} {'ms/rank-step':>12s} {'share':>7s}")
         for led, key, ns, sh in rows:
             click.echo(f"{led:<13s} {key[:34]:<34s} {ns / 1e6:12.3f} {100 * sh:6.1f}%")
+
+
+@cli.command()
+@click.option("--db", required=True)
+@click.option("--job", required=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+def waits(db, job, fmt):
+    """Waits at each matched collective per rank: arrival, last arrival, wait and how it was charged."""
+    import json as _json
+
+    from analysis.waits import waits as _waits
+    from store.connection import connect
+
+    con = connect(db, read_only=True)
+    try:
+        w = _waits(con, job)
+    except Exception as e:  # a store attributed by an older version has no collective_matches
+        if "collective_matches" not in str(e):
+            raise
+        w = None
+    if not w or not w["rows"]:
+        click.echo(f"error: no matched collectives for job {job!r} in {db}; run `ninefold attribute` first "
+                   "(a job with no collective matched across ranks has no waits)", err=True)
+        sys.exit(2)
+    cols = ["rank", "pg", "coll", "seq", "ord", "members", "arrival_ns", "last_arrival_ns", "wait_ns",
+            "straggler_ns", "bubble_ns", "hidden_ns", "transfer_ns", "tracelens_wait_ns"]
+    if fmt == "json":
+        click.echo(_json.dumps(w))
+    elif fmt == "csv":
+        import csv
+
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(cols)
+        out.writerows([r[c] for c in cols] for r in w["rows"])
+    else:
+        us = lambda ns: f"{ns / 1e3:10.1f}"  # noqa: E731
+        click.echo(f"{'rank':>4s} {'collective':<22s} {'members':>7s} {'arrival_us':>10s} {'last_us':>10s} "
+                   f"{'wait_us':>10s} {'straggler':>10s} {'bubble':>10s} {'hidden':>10s} {'transfer':>10s} "
+                   f"{'tl_wait':>10s}")
+        for r in w["rows"]:
+            name = f"{r['coll']} {r['pg'] or ''}#{r['seq'] if r['seq'] is not None else r['ord']}"
+            click.echo(f"{r['rank']:4d} {name[:22]:<22s} {r['members']:7d} {us(r['arrival_ns'])} "
+                       f"{us(r['last_arrival_ns'])} {us(r['wait_ns'])} {us(r['straggler_ns'])} {us(r['bubble_ns'])} "
+                       f"{us(r['hidden_ns'])} {us(r['transfer_ns'])} {us(r['tracelens_wait_ns'])}")
+        click.echo("\nper rank (us; tl_wait = TraceLens's wait: kernel time minus the shortest member's)")
+        click.echo(f"{'rank':>4s} {'colls':>6s} {'wait':>10s} {'straggler':>10s} {'bubble':>10s} {'hidden':>10s} "
+                   f"{'transfer':>10s} {'tl_wait':>10s}")
+        for r in w["ranks"]:
+            click.echo(f"{r['rank']:4d} {r['collectives']:6d} {us(r['wait_ns'])} {us(r['straggler_ns'])} "
+                       f"{us(r['bubble_ns'])} {us(r['hidden_ns'])} {us(r['transfer_ns'])} "
+                       f"{us(r['tracelens_wait_ns'])}")
 
 
 # Each area adds its commands from its own module: ``register(cli)``.

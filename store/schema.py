@@ -22,6 +22,7 @@ TABLES: dict[str, str] = {
         pg_config JSON,
         n_events BIGINT,
         salvaged BOOLEAN DEFAULT false,
+        host_name VARCHAR,                -- the trace's host_name metadata: ranks of one host share a clock
         ingested_at TIMESTAMP DEFAULT current_timestamp,
         PRIMARY KEY (job, rank)
     """,
@@ -340,3 +341,5 @@ PER_TRACE = ["gpu_ops", "host_ops", "collectives", "steps", "flows", "memory_eve
 def create_all(con) -> None:
     for name, cols in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({cols})")
+    # columns added since a store was first written
+    con.execute("ALTER TABLE traces ADD COLUMN IF NOT EXISTS host_name VARCHAR")

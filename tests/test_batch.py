@@ -166,7 +166,9 @@ def test_reports_logs_and_ledgers_command(nights):
         assert "attributed 2 ranks x 2 steps" in log and "parsed " in log and "catalog: loaded" in log
     r = CliRunner().invoke(cli, ["ledgers", "--db", str(nights["db"]), "--job", "job-2", "--format", "json"])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.output)
+    doc = json.loads(r.output)
+    rows = doc["ledgers"]
+    assert {d["rank"] for d in doc["comm_compute_overlap"]} == {0, 1}
     assert {(d["rank"], d["step"]) for d in rows} == {(0, 10), (0, 11), (1, 10), (1, 11)}
     assert sum(d["ns"] for d in rows) == sum(x[4] for x in nights["n1_ledgers"] if x[0] == "job-2")
 

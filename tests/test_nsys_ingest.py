@@ -397,8 +397,13 @@ def test_two_processes_become_two_ranks_in_pid_order(db, tmp_path):
     for r, step, w0, w1 in db.execute("SELECT rank, step, start_ns, end_ns FROM step_windows").fetchall():
         tot = db.execute("SELECT sum(ns), min(ns) FROM ledger_totals WHERE rank = ? AND step = ?", [r, step]).fetchone()
         assert tot[0] == w1 - w0 and tot[1] >= 0
-    exposed = db.execute("SELECT sum(ns) FROM ledger_totals WHERE ledger = 'exposed_comm'").fetchone()[0]
-    assert exposed == 2 * 600       # one 600 ns AllReduce kernel per rank, overlapping no compute
+    # one 600 ns AllReduce kernel per rank, overlapping no compute. Both processes are in one export (one
+    # clock): the 50 ns between their starts is not read as a clock offset (it is within any completion skew)
+    # but as rank 1 waiting 50 ns for rank 0
+    tot = dict(db.execute("SELECT ledger, sum(ns) FROM ledger_totals WHERE ledger IN ('exposed_comm', "
+                          "'straggler') GROUP BY 1").fetchall())
+    assert tot == {"exposed_comm": 2 * 600 - 50, "straggler": 50}
+    assert db.execute("SELECT offset_ns, applied FROM clock_offsets WHERE rank = 1").fetchone() == (0, False)
 
 
 @needs_shared

@@ -115,11 +115,16 @@ def test_upload_shows_overview_then_moe_drilldown(server, browser, store):
     cols = _colours(area.screenshot())
     assert len(cols) > 20
     assert _hex(LEDGER_COLORS["compute"]) in cols  # the stacked bars were drawn
-    # the uploads are listed, and a reload does not lose them
-    page.reload()
-    page.get_by_text("Upload", exact=True).click()
-    listing = page.locator(".nf-uploads").first
-    listing.wait_for(timeout=20_000)
+    # the uploads are listed, and a reload does not lose them (the overview opens after the first upload is
+    # attributed; the last may still be attributing: reload until all four are, at most ~60 s)
+    for _ in range(20):
+        page.reload()
+        page.get_by_text("Upload", exact=True).click()
+        listing = page.locator(".nf-uploads").first
+        listing.wait_for(timeout=20_000)
+        if listing.get_by_text("attributed", exact=True).count() == 4:
+            break
+        page.wait_for_timeout(3000)
     assert listing.get_by_text("attributed", exact=True).count() == 4
     # the MoE drill-down of the other job
     page.locator("select").first.select_option("moe4")

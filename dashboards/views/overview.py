@@ -17,7 +17,7 @@ PLOT_NAME = "overview_ledgers"
 def load(con, job: str) -> dict:
     return {"job": job, "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
             "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job),
-            "breakdown": queries.ledger_breakdown(con, job)}
+            "breakdown": queries.ledger_breakdown(con, job), "overlap": queries.comm_overlap(con, job)}
 
 
 def ledger_figure(ranks, height: int = 360):
@@ -103,4 +103,9 @@ def render(data):
         rows = [[r["ledger"], r["key"], fmt_ns(r["ns"]), f"{100 * r['share']:.1f} %"] for r in bd.iter_rows(named=True)]
         out.append(div("<h3 class='nf'>Where the time went</h3>"
                        + html_table(["ledger", "on", "per rank-step", "share of step time"], rows)))
+    ov = [o for o in (data.get("overlap") or []) if o["comm_ns"]]
+    if ov:
+        rows = [[o["rank"], fmt_ns(o["comm_ns"]), fmt_ns(o["hidden_ns"]), f"{100 * o['overlap']:.1f} %"] for o in ov]
+        out.append(div("<h3 class='nf'>Communication hidden under compute</h3>"
+                       + html_table(["rank", "comm kernel time", "overlapped by compute", "overlap"], rows)))
     return out
