@@ -2,6 +2,10 @@
 import numpy as np
 
 
+def i64(a):
+    return np.asarray(a, dtype=np.int64)
+
+
 def union(starts, ends):
     """Sorted disjoint union of intervals."""
     s = np.asarray(starts, dtype=np.int64)

@@ -26,7 +26,7 @@ import json
 import random
 from pathlib import Path
 
-from .generate import (BASE_TIME_NS, BWD_LAYER, COMPUTE_STREAM, ELEM_ADD, FIRST_STEP, FWD_LAYER,
+from .generate import (BWD_LAYER, COMPUTE_STREAM, ELEM_ADD, FIRST_STEP, FWD_LAYER,
                        STEP_SEPARATION_NS, TRUE_START_REL_NS, RankTrace, footer_text, header_text, metadata_lines,
                        open_out)
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from analysis.attribution import attribute_job
 from analysis.cost_model.predict import predict_file
-from analysis.cost_model.render import render
+from sample_traces.model_render import render
 from analysis.ledgers import LEDGERS
 from ingest.load import ingest_paths
 from service.cli import cli

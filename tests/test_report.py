@@ -5,7 +5,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from dashboards.demo import build_demo_store
+from sample_traces.demo_store import build_demo_store
 from dashboards.report import write_report
 from dashboards.queries import NO_PREDICTION, NOT_ATTRIBUTED
 from service.cli import cli
@@ -56,7 +56,7 @@ def test_report_of_the_moe_job_has_the_drilldown(demo, tmp_path):
 
 def test_report_of_an_ingested_but_unattributed_job(tmp_path):
     from ingest.load import ingest_paths
-    from dashboards.demo import sample_files
+    from sample_traces.demo_store import sample_files
     from store.connection import connect
 
     db = tmp_path / "raw.duckdb"

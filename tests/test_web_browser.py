@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dashboards.demo import build_demo_store, sample_files
+from sample_traces.demo_store import build_demo_store, sample_files
 from dashboards.report import write_report
 from dashboards.style import LEDGER_COLORS
 

@@ -6,7 +6,7 @@ import pytest
 
 from analysis.ledgers import LEDGERS
 from dashboards import queries
-from dashboards.demo import build_demo_store
+from sample_traces.demo_store import build_demo_store
 from dashboards.views import memory as memory_view
 from dashboards.views import moe as moe_view
 from dashboards.views import overview as overview_view

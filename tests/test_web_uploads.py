@@ -7,7 +7,7 @@ import duckdb
 import pytest
 
 from dashboards import data_store, queries
-from dashboards.demo import sample_files
+from sample_traces.demo_store import sample_files
 from dashboards.server import ServeConfig, check_config
 from dashboards.uploads import ChunkWriter, UploadStore, Writer, safe_name
 from store.errors import NinefoldError

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .config import Config
-from .memory import param_count
+from .params import param_count
 
 
 def flops_per_token(cfg: Config) -> dict:

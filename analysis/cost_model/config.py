@@ -209,7 +209,7 @@ def resolve(cfg: Config, world: int | None = None) -> Config:
         cfg.set("model.moe_layers", L if cfg["model.experts"] > 1 else 0, "default",
                 "= layers" if cfg["model.experts"] > 1 else "dense model")
     if cfg.get("model.parameters") is None:
-        from .memory import param_count
+        from .params import param_count
         cfg.set("model.parameters", float(param_count(cfg)["total"]), "default", "from the model shape")
     if cfg.get("parallel.dp") is None:
         mp = cfg["parallel.tp"] * cfg["parallel.pp"] * cfg["parallel.cp"]

@@ -8,9 +8,10 @@ from analysis.ledgers import LEDGERS
 
 from . import calibrate
 from .collectives import axis_link, canonical, coll_time
-from .compute import achieved_flops, flops_per_token, microbatch_times
+from .compute import flops_per_token, microbatch_times
 from .config import Config, load_config, resolve, world_size
-from .memory import memory_ledger, param_count
+from .memory import memory_ledger
+from .params import param_count
 from .moe import a2a_payload_bytes, expert_loads
 from .pipeline import bubble_fraction, bubble_time
 from .timeline import StepPlan, coords, step_ledgers

@@ -1,14 +1,14 @@
 """A demo store from the project's own sample traces: dp4 (straggler), pp4_1f1b (pipeline bubble) and a
 generated MoE job (overloaded expert rank). Used by the web tests and handy for trying ``ninefold serve``.
 
-    python -m dashboards.demo OUT_DIR     # writes OUT_DIR/demo.duckdb
+    python -m sample_traces.demo_store OUT_DIR     # writes OUT_DIR/demo.duckdb
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parent
 
 
 def sample_files(name: str) -> list[Path]:

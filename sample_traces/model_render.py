@@ -6,11 +6,11 @@ import json
 import random
 from pathlib import Path
 
-from sample_traces.generate import (BASE_TIME_NS, FIRST_STEP, FUSED_ADAM, GEMM_H100, LAUNCH_LAT_NS, NCCL_ALLREDUCE,
+from .generate import (FIRST_STEP, FUSED_ADAM, GEMM_H100, LAUNCH_LAT_NS, NCCL_ALLREDUCE,
                                     NCCL_SENDRECV, TRUE_START_REL_NS, RankTrace, _TAILS, footer_text, header_text,
                                     metadata_lines, open_out)
 
-from .timeline import P2P, STREAM_COMPUTE, STREAM_DP, STREAM_EP, STREAM_RECV_B, STREAM_RECV_F, STREAM_SEND_B, \
+from analysis.cost_model.timeline import P2P, STREAM_COMPUTE, STREAM_DP, STREAM_EP, STREAM_RECV_B, STREAM_RECV_F, STREAM_SEND_B, \
     STREAM_SEND_F, STREAM_TP, groups
 
 COMM_KERNELS = {

@@ -1,0 +1,215 @@
+"""Collectives matched across ranks, and the clocks aligned by their completions.
+
+A collective is keyed by (process group, sequence) where the trace has both; else by its order on the rank
+within (process group, collective type). A collective ends at nearly the same instant on every member, so
+per-rank clock offsets come from the completions; they are applied only across hosts or where they beat the
+completion skew. Each member's wait is [own start, last member's aligned arrival).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.intervals import i64 as _i64
+
+P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
+
+
+def _group_median(g, v, n_groups):
+    """Median of v within each group id g (0..n_groups-1, float; NaN where a group is empty)."""
+    if n_groups <= 256:  # few big groups (ranks): one partition per group beats a full two-key sort
+        o = np.argsort(g, kind="stable")
+        cnt = np.bincount(g, minlength=n_groups)
+        edges = np.concatenate(([0], np.cumsum(cnt)))
+        vs = v[o]
+        return np.array([np.median(vs[edges[k]:edges[k + 1]]) if cnt[k] else np.nan for k in range(n_groups)])
+    o = np.lexsort((v, g))
+    gs, vs = g[o], v[o]
+    cnt = np.bincount(gs, minlength=n_groups)
+    first = np.cumsum(cnt) - cnt
+    lo = first + (cnt - 1) // 2
+    hi = first + cnt // 2
+    med = np.full(n_groups, np.nan)
+    ok = cnt > 0
+    med[ok] = (vs[lo[ok]].astype(np.float64) + vs[hi[ok]]) / 2
+    return med
+
+
+ORDER_MATCH_TOL_NS = 1_000_000  # members of one collective complete within this of each other (aligned clocks)
+SKEW_NS = 10_000  # completion skew of one collective across members: offsets below it are not evidence
+
+
+def _estimate_offsets(gm, rm_, em, G, R):
+    """Per-rank clock offset (relative to rank index 0), residual and count from matched completions: offset_r
+    = median over its collectives of (end_r − median end of the collective), refined once."""
+    off = np.zeros(R, dtype=np.int64)
+    for _ in range(2):  # refine once with the offsets found
+        adj = em - off[rm_]
+        dev = adj - _group_median(gm, adj, G)[gm]
+        d = _group_median(rm_, dev, R)
+        has = ~np.isnan(d)
+        off[has] += np.trunc(d[has]).astype(np.int64)
+        off -= off[0]
+    adj = em - off[rm_]
+    ad = np.abs(adj - _group_median(gm, adj, G)[gm])
+    n_m = np.bincount(rm_, minlength=R)
+    med = _group_median(rm_, ad, R)
+    resid = np.where(np.isnan(med), 0, np.trunc(np.nan_to_num(med))).astype(np.int64)
+    return off, resid, n_m
+
+
+def _decide_offsets(est, resid, n_m, hosts, ranks_a):
+    """Which estimated offsets to apply, and why. Ranks on one host share a clock (offset 0); elsewhere an
+    offset is applied only when it beats the completion skew and the residual (3x)."""
+    R = est.size
+    off = np.zeros(R, dtype=np.int64)
+    applied = np.zeros(R, dtype=bool)
+    reasons = []
+    for i in range(R):
+        if i == 0:
+            reasons.append("reference clock")
+        elif hosts[i] >= 0 and hosts[i] == hosts[0]:
+            reasons.append(f"same host as rank {int(ranks_a[0])}: one clock")
+        elif n_m[i] == 0:
+            reasons.append("no matched collective")
+        elif abs(int(est[i])) <= max(3 * int(resid[i]), SKEW_NS):
+            reasons.append(f"estimate {int(est[i])} ns within the completion skew (residual {int(resid[i])} ns, "
+                           f"{int(n_m[i])} matched)")
+        else:
+            applied[i] = True
+            off[i] = est[i]
+            where = "another host" if hosts[i] >= 0 else "host unknown"
+            reasons.append(f"{where}; estimate beats the residual {int(resid[i])} ns ({int(n_m[i])} matched)")
+    return off, applied, reasons
+
+
+def _store_matches(con, job, cols):
+    import pyarrow as pa
+
+    seq, ordn = cols["seq"], cols["ord"]
+    t = {k: v for k, v in cols.items()}
+    t["seq"] = pa.array(seq, mask=seq < 0)
+    t["ord"] = pa.array(ordn, mask=ordn < 0)
+    t["pg_name"] = pa.array([x or None for x in cols["pg_name"]], pa.string())
+    t["coll"] = pa.array([x or None for x in cols["coll"]], pa.string())
+    con.register("_cm", pa.table(t))
+    con.execute("INSERT INTO collective_matches SELECT ?, * FROM _cm", [job])
+    con.unregister("_cm")
+
+
+def align(con, job, ranks, host_codes=None):
+    """Per-rank clock offsets from matched collective completions, and per-collective arrival info.
+
+    A collective ends at nearly the same instant on every member, so offset_r = median over matched
+    collectives of (end_r − median end of that collective), refined once. Residual = median |deviation|
+    after removal. Times are taken relative to the job's first collective end so the medians are exact.
+    Returns offsets {rank: ns}, wait intervals {"straggler"|"bubble": (rank, start, end)} in each rank's own
+    clock ([own start, last member's arrival)), and (rank, start) of every collective kernel with its peers.
+    """
+    # A collective is keyed by (process group, sequence) where the trace has both; else by its order on the
+    # rank within (process group, collective type) — also for comm kernels no collective row describes (traces
+    # without record_param_comms), typed by their kernel name. Send/recv is never paired by order: a stage's
+    # n-th transfer is not its neighbours' n-th.
+    by_seq = con.execute(f"""
+        SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, lower(coll) IN {P2P_COLLS} AS p2p,
+               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid,
+               pg_name, coalesce(lower(coll), '') AS coll, seq, -1::BIGINT AS ord
+        FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
+                         [job]).fetchnumpy()
+    by_order = con.execute(f"""
+        WITH u AS (
+            SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, pg_name, lower(coll) AS coll, false AS p2p
+            FROM collectives WHERE job = ? AND source = 'kernel' AND (seq IS NULL OR pg_name IS NULL)
+                AND lower(coll) NOT IN {P2P_COLLS}
+            UNION ALL
+            SELECT g.rank, g.start_ns, g.end_ns, 0, NULL, k.cls, false
+            FROM gpu_ops g JOIN _kclass k ON k.name = g.name AND k.fam = 1 AND NOT k.p2p
+            WHERE g.job = ? AND g.kind = 'kernel' AND NOT EXISTS (
+                SELECT 1 FROM collectives x WHERE x.job = g.job AND x.rank = g.rank AND x.start_ns = g.start_ns
+                AND x.source = 'kernel')
+        ), o AS (
+            SELECT *, row_number() OVER (PARTITION BY rank, coalesce(pg_name, ''), coll ORDER BY start_ns, end_ns)
+                AS ord FROM u
+        )
+        SELECT rank, start_ns, end_ns, gsz, p2p, dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid,
+               coalesce(pg_name, '') AS pg_name, coalesce(coll, '') AS coll, -1::BIGINT AS seq, ord
+        FROM o""", [job, job]).fetchnumpy()
+    g0 = int(np.max(by_seq["gid"])) + 1 if len(by_seq["gid"]) else 0
+    c = {k: np.concatenate([np.asarray(by_seq[k]), np.asarray(by_order[k]) + g0 if k == "gid"
+                            else np.asarray(by_order[k])])
+         for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid", "pg_name", "coll", "seq", "ord")}
+    ranks_a = _i64(ranks)
+    R = ranks_a.size
+    off = np.zeros(R, dtype=np.int64)
+    resid = np.zeros(R, dtype=np.int64)
+    n_m = np.zeros(R, dtype=np.int64)
+    ri = np.searchsorted(ranks_a, _i64(c["rank"]))
+    s, e = _i64(c["start_ns"]), _i64(c["end_ns"])
+    gid = _i64(c["gid"])
+    G = int(gid.max()) + 1 if gid.size else 0
+    waits = {k: (empty, empty, empty) for k in ("straggler", "bubble") for empty in [np.zeros(0, np.int64)]}
+    matched_keys = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    est = np.zeros(R, dtype=np.int64)
+    applied = np.zeros(R, dtype=bool)
+    reasons = ["no matched collective"] * R
+    rejected = 0
+    if G:
+        t0 = int(e.min())
+        er, sr = e - t0, s - t0
+        # distinct member ranks per collective
+        pair = np.sort(gid * R + ri)
+        pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))]
+        present = np.bincount(pair // R, minlength=G)
+        ok = present >= 2  # matched: at least two ranks saw it
+        hosts = _i64(host_codes) if host_codes is not None else np.full(R, -1, dtype=np.int64)
+        for _ in range(2):
+            # offsets from the collectives whose members agree; then drop order matches whose members' ends
+            # disagree by more than any completion skew (a peer missing from the trace shifts the order)
+            m = ok[gid]
+            est[:] = 0
+            resid[:] = 0
+            n_m[:] = 0
+            if m.any():
+                est, resid, n_m = _estimate_offsets(gid[m], ri[m], er[m], G, R)
+            off, applied, reasons = _decide_offsets(est, resid, n_m, hosts, ranks_a)
+            adj = er - off[ri]
+            hi_ = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
+            lo_ = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
+            np.maximum.at(hi_, gid, adj)
+            np.minimum.at(lo_, gid, adj)
+            ok = (present >= 2) & (hi_ - lo_ <= ORDER_MATCH_TOL_NS)
+        rejected = int(((present >= 2) & ~ok)[gid].sum())
+        p2p = np.asarray(c["p2p"], dtype=bool)
+        gp2p = np.zeros(G, dtype=bool)
+        gp2p[gid] = p2p
+        need = np.zeros(G, dtype=np.int64)
+        np.maximum.at(need, gid, _i64(c["gsz"]))
+        need = np.where(gp2p, 2, np.maximum(need, 2))
+        acc = ((present >= need) & ok)[gid]
+        last = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(last, gid, sr - off[ri])
+        w_end = np.minimum(er, last[gid] + off[ri]) + t0
+        w = acc & (w_end > s)
+        for kind, sel in (("straggler", w & ~p2p), ("bubble", w & p2p)):
+            waits[kind] = (ranks_a[ri[sel]], s[sel], w_end[sel])
+        matched_keys = (ranks_a[ri[acc]], s[acc])
+        dur = e - s
+        mind = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(mind, gid, np.where(acc, dur, np.iinfo(np.int64).max))
+        _store_matches(con, job, {
+            "rank": ranks_a[ri].astype(np.int32), "gid": gid, "pg_name": np.asarray(c["pg_name"], dtype=object),
+            "coll": np.asarray(c["coll"], dtype=object), "seq": _i64(c["seq"]), "ord": _i64(c["ord"]),
+            "start_ns": s, "end_ns": e, "arrival_ns": s - off[ri], "last_arrival_ns": last[gid] + t0,
+            "n_members": present[gid].astype(np.int32), "p2p": p2p, "matched": acc,
+            "min_member_ns": np.where(acc, mind[gid], dur)})
+    con.execute("DELETE FROM clock_offsets WHERE job = ?", [job])
+    con.execute("INSERT INTO clock_offsets (job, rank, offset_ns, residual_ns, n_matched, estimate_ns, applied, "
+                "reason) SELECT ?, unnest(?::INTEGER[]), unnest(?::BIGINT[]), unnest(?::BIGINT[]), "
+                "unnest(?::INTEGER[]), unnest(?::BIGINT[]), unnest(?::BOOLEAN[]), unnest(?::VARCHAR[])",
+                [job, ranks_a.tolist(), off.tolist(), resid.tolist(), n_m.tolist(), est.tolist(),
+                 applied.tolist(), reasons])
+    if rejected:
+        con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'order_match_rejected', ?, ?)",
+                    [job, rejected, "collectives without sequence numbers matched by order whose members' ends "
+                     f"disagree by more than {ORDER_MATCH_TOL_NS // 1000} us (a peer is missing from the trace); "
+                     "left unmatched"])
+    return {int(r): int(o) for r, o in zip(ranks_a, off)}, waits, matched_keys
