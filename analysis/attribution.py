@@ -163,10 +163,27 @@ def check_pattern(what: str, pat: str | None) -> None:
 def attribute_job(con, job: str, recompute_pattern: str | None = None, io_pattern: str | None = None) -> dict:
     """Charge every step window of JOB to the nine ledgers (tables in DDL). RECOMPUTE_PATTERN / IO_PATTERN: a
     regular expression on host op names (annotations, cpu ops, python frames) marking recomputation or
-    data-loading / storage regions, beside the built-in rules."""
+    data-loading / storage regions, beside the built-in rules. One transaction: a reader (or a store after a
+    crash) sees the job's previous results or the new ones, never a mix."""
     check_pattern("recompute pattern", recompute_pattern)
     check_pattern("io pattern", io_pattern)
     _ensure_tables(con)
+    import duckdb
+
+    try:
+        con.execute("BEGIN TRANSACTION")
+    except duckdb.TransactionException:  # the caller's transaction already holds the work
+        return _attribute(con, job, recompute_pattern, io_pattern)
+    try:
+        out = _attribute(con, job, recompute_pattern, io_pattern)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return out
+
+
+def _attribute(con, job, recompute_pattern, io_pattern) -> dict:
     for t in DDL:
         if t != "clock_offsets":
             con.execute(f"DELETE FROM {t} WHERE job = ?", [job])

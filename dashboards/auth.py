@@ -57,10 +57,13 @@ class Credentials:
 
 def _safe_next(url: str | None) -> str:
     """Only same-site relative paths are followed after login."""
-    if not url:
+    if not url or not isinstance(url, str):
+        return "/"
+    # browsers read a backslash as a slash ("/\\evil.com" is "//evil.com"), and drop tabs and newlines
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url) or "\\" in url:
         return "/"
     p = urlparse(url)
-    if p.scheme or p.netloc or not url.startswith("/"):
+    if p.scheme or p.netloc or not url.startswith("/") or url.startswith("//"):
         return "/"
     return url
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import re
 
 from analysis.ledgers import DESCRIPTIONS, LEDGERS
 
@@ -51,8 +52,17 @@ def fmt_pct(x) -> str:
     return "–" if x is None else f"{100 * float(x):.1f} %"
 
 
+# control characters and bidirectional overrides are shown as their escapes, never emitted raw (a NUL or a
+# right-to-left override in a kernel name must not reach a page)
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe_text(x) -> str:
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", "" if x is None else str(x))
+
+
 def esc(x) -> str:
-    return html.escape("" if x is None else str(x))
+    return html.escape(safe_text(x))
 
 
 def html_table(header: list[str], rows: list[list], css_class: str = "nf-table") -> str:

@@ -61,6 +61,7 @@ class KinetoMeta:
     salvaged: bool = False
     cut_at: int | None = None     # byte offset of the truncation when salvaged
     tmpdir: str | None = None
+    repaired: int = 0             # lone surrogate escapes replaced by U+FFFD
 
     def cleanup(self):
         if self.tmpdir:
@@ -311,6 +312,29 @@ def bind_events(con, table: str = "_evr") -> None:
     con.execute(f"CREATE OR REPLACE TEMP VIEW _ev AS SELECT rowid + 1 AS ord, * FROM {table}")
 
 
+_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _repair_surrogates(km: KinetoMeta) -> int:
+    """Replace lone surrogate escapes in the chunk files by \\ufffd (pairs are kept); returns how many."""
+    n = 0
+
+    def fix(m):
+        nonlocal n
+        if len(m.group(0)) == 12:  # a high + low pair: a valid character
+            return m.group(0)
+        n += 1
+        return b"\\ufffd"
+    for f in [c[0] for c in km.chunks] or [km.slice_path]:
+        p = Path(f)
+        data = p.read_bytes()
+        if b"\\u" in data:
+            fixed = _SURROGATE.sub(fix, data)
+            if fixed != data:
+                p.write_bytes(fixed)
+    return n
+
+
 def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
     """Parse the event array into TABLE (default a temp table) and bind ``_ev`` to it when it is ours."""
     temp = table == "_evr"
@@ -328,6 +352,11 @@ def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
         if temp:
             bind_events(con)
     except duckdb.InvalidInputException as e:  # a parse error; memory and I/O errors pass through
+        if "surrogate" in str(e) and not km.repaired:
+            # a lone UTF-16 surrogate escape (\\udcff) in some string: repair it to U+FFFD and keep the file
+            km.repaired = _repair_surrogates(km)
+            if km.repaired:
+                return read_events(con, km, path, table)
         if len(km.chunks) > 1:
             _merge_chunks(km)       # report the error exactly as for one unsplit array
             return read_events(con, km, path, table)

@@ -174,6 +174,7 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         if rank is None:
             raise TraceFormatError(path, None, "no rank: distributedInfo has none and the file name has no "
                                    "rank-N/rankN/workerN; pass --rank")
+        check_rank(path, rank, meta)
         existing = con.execute("SELECT path FROM traces WHERE job = ? AND rank = ?", [job, rank]).fetchone()
         if existing is not None and not replace:
             raise IngestConflict(path, f"job {job!r} already has rank {rank} from {existing[0]}; "
@@ -201,6 +202,23 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         if prepared is None:
             con.execute("RESET memory_limit")
         km.cleanup()
+
+
+INT32_MAX = 2**31 - 1
+
+
+def check_rank(path, rank, meta: dict) -> None:
+    """One-line errors for a rank or world size that no job can have (negative, beyond INT32, rank ≥ world)."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= INT32_MAX:
+        raise TraceFormatError(path, None, f"rank {rank!r} is out of range (0..{INT32_MAX})")
+    di = meta.get("distributedInfo")
+    world = di.get("world_size") if isinstance(di, dict) else None
+    if world is None:
+        return
+    if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= INT32_MAX:
+        raise TraceFormatError(path, None, f"distributedInfo.world_size {world!r} is out of range (1..{INT32_MAX})")
+    if rank >= world:
+        raise TraceFormatError(path, None, f"rank {rank} is not below distributedInfo.world_size {world}")
 
 
 def _discard(con, prepared: Prepared) -> None:
@@ -238,6 +256,10 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
     neg = con.execute("SELECT count(*), any_value(name) FROM _x WHERE dur < 0").fetchone()
     if neg[0]:
         diags.append(("kineto", "negative_duration", neg[0], f"{neg[1]} (clamped to 0)"))
+    neg_ts = con.execute("SELECT count(*), any_value(name) FROM _ev WHERE ph = 'X' AND ts < 0").fetchone()
+    if neg_ts[0]:
+        diags.append(("kineto", "negative_ts", neg_ts[0], f"{neg_ts[1]} (stored as given: before the trace's "
+                      "base time)"))
     nots = con.execute("SELECT count(*) FROM _ev WHERE ph = 'X' AND ts IS NULL").fetchone()[0]
     if nots:
         diags.append(("kineto", "missing_ts", nots, "complete events without ts were dropped"))
@@ -348,6 +370,9 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
     di = meta.get("distributedInfo")
     if not isinstance(di, dict):
         diags.append(("kineto", "no_distributed_info", 1, "rank taken from the file name or --rank"))
+    if km.repaired:
+        diags.append(("kineto", "repaired_surrogates", km.repaired, "lone UTF-16 surrogate escapes in strings "
+                      "stored as U+FFFD"))
     if km.salvaged:
         n = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
         diags.append(("kineto", "salvaged_truncated", n, f"file cut at byte {km.cut_at}; kept {n} complete events"))

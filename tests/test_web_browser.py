@@ -180,6 +180,21 @@ def test_token_auth(store, browser):
         page.goto(f"{url}/?token={TOKEN}&job=moe4&view=overview")
         page.locator(".nf-tab-overview canvas").first.wait_for(state="visible", timeout=30_000)
         page.close()
+        # after login only a path on this server is followed: a backslash, a doubled slash, a control
+        # character or a scheme sends the browser home instead (a browser reads "/\\evil.com" as "//evil.com")
+        import http.client
+        from urllib.parse import quote, urlsplit
+
+        host = urlsplit(url)
+        for nxt, want in (("/%5Cevil.com", "/"), ("//evil.com", "/"), ("/%09/evil.com", "/"),
+                          ("https://evil.com/", "/"), ("/\\/evil.com", "/"), ("%2F%2Fevil.com", "/"),
+                          ("/?job=moe4", "/?job=moe4")):
+            c = http.client.HTTPConnection(host.hostname, host.port, timeout=20)
+            c.request("GET", f"/nf-login?token={TOKEN}&next={quote(nxt, safe='%/?=')}")
+            r = c.getresponse()
+            assert r.status in (301, 302, 303, 307) and r.getheader("Location") == want, (nxt, r.status,
+                                                                                           r.getheader("Location"))
+            c.close()
     finally:
         _stop(proc)
 
