@@ -25,6 +25,7 @@ demo: $(BIN)/ninefold
 	$(BIN)/ninefold summary --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold attribute --db demo_out/ninefold.duckdb
 	$(BIN)/ninefold ledgers --db demo_out/ninefold.duckdb --job sample_job
+	$(BIN)/ninefold compare --db demo_out/ninefold.duckdb --job sample_job --config sample_traces/configs/dp4.toml
 	$(BIN)/ninefold report --db demo_out/ninefold.duckdb --job sample_job --out demo_out/report.html
 	@echo "report: demo_out/report.html   (dashboards: $(BIN)/ninefold serve --db demo_out/ninefold.duckdb)"
 

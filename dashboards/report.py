@@ -15,7 +15,7 @@ from bokeh.resources import INLINE
 
 from dashboards import queries
 from dashboards.data_store import read_connection
-from dashboards.style import esc, fmt_ns, html_table, ledger_legend_html, note
+from dashboards.style import esc, fmt_ns, fmt_pct, html_table, ledger_legend_html, note
 from dashboards.views import memory, moe, overview, pipeline, stragglers, timeline
 from dashboards.views._common import div
 from store.errors import NinefoldError
@@ -52,7 +52,9 @@ def _header(data) -> str:
     facts = [["ranks", s["ranks"]], ["world size", s["world_size"] or "–"], ["device", s["device"] or "–"],
              ["backend", s["backend"] or "–"], ["NCCL", s["nccl_version"] or "–"],
              ["steps", ", ".join(map(str, s["steps"])) or "–"], ["status", st["status"]],
-             ["median step", fmt_ns(st["step_ns"])], ["worst ledger", st["worst_ledger"] or "–"],
+             ["median step", fmt_ns(st["step_ns"])],
+             ["largest non-compute ledger", (f"{st['worst_ledger']} ({fmt_pct(st['worst_share'])} of all rank-step time)"
+                                             if st["worst_ledger"] else "–")],
              ["trace events", s["events"]]]
     made = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"<h1 class='nf'>ninefold report: {esc(data['job'])}</h1>"

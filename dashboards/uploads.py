@@ -238,7 +238,13 @@ class Writer:
                 self._status(con, e, "attributing")
                 r = attribute_job(con, e["job"])
                 ranks = sorted({x.rank for x in results if x.rank is not None})
+                verdict = ""
+                if len(ranks) == 1 and con.execute("SELECT 1 FROM traces WHERE job = ? AND rank = ?",
+                                                   [e["job"], ranks[0]]).fetchone():
+                    from analysis.inspect import verdict_line
+
+                    verdict = " | this trace supports: " + verdict_line(con, e["job"], ranks[0])
                 self._status(con, e, "attributed", f"rank {', '.join(map(str, ranks))}: "
-                                                   f"{r['intervals']} ledger intervals")
+                                                   f"{r['intervals']} ledger intervals{verdict}")
             finally:
                 con.close()

@@ -41,6 +41,12 @@ def build_demo_store(db_path, work_dir, jobs=("dp4", "pp4_1f1b", "moe4")) -> dic
             if bad:
                 raise RuntimeError(f"demo job {job}: {bad}")
             attribute_job(con, job)
+            cfg = SAMPLES / "configs" / f"{job}.toml"
+            if cfg.exists():  # measured vs predicted, as `make demo` shows it
+                from analysis.cost_model import compare as cmp
+                from analysis.cost_model.predict import predict_file
+
+                cmp.store(con, job, predict_file(cfg, con, job))
     finally:
         con.close()
     return truth

@@ -9,7 +9,10 @@ import click
 from store.errors import NinefoldError
 
 
-@click.group()
+@click.group(epilog="Start here: ninefold inspect TRACE_DIR/ ; ninefold ingest TRACE_DIR/ --db nf.duckdb --job run42 ; "
+                    "ninefold attribute --db nf.duckdb ; ninefold ledgers --db nf.duckdb --job run42. "
+                    "Capture advice: docs/capture.md")
+@click.version_option(package_name="ninefold", prog_name="ninefold")
 def cli():
     """ninefold: where every nanosecond of every rank's step went."""
 
@@ -236,6 +239,7 @@ CLI_MODULES = [
     "service.cli_model",     # predict, compare
     "service.cli_web",       # serve, report
     "service.cli_batch",     # batch
+    "service.cli_inspect",   # inspect
 ]
 
 
@@ -249,6 +253,28 @@ def _register_plugins() -> None:
 
 
 _register_plugins()
+
+# one worked example per command, shown at the end of its --help
+EXAMPLES = {
+    "ingest": "ninefold ingest traces/run42/ --db nf.duckdb --job run42   (one file per rank; .json, .json.gz, "
+              "nsys .sqlite, NCCL logs, Flight Recorder dumps)",
+    "summary": "ninefold summary --db nf.duckdb",
+    "attribute": "ninefold attribute --db nf.duckdb --job run42 --recompute-pattern '^my_remat'",
+    "ledgers": "ninefold ledgers --db nf.duckdb --job run42 --format csv > ledgers.csv",
+    "breakdown": "ninefold breakdown --db nf.duckdb --job run42 --top 10",
+    "waits": "ninefold waits --db nf.duckdb --job run42 --format csv",
+    "inspect": "ninefold inspect traces/run42/   |   ninefold inspect --db nf.duckdb --job run42 --format json",
+    "predict": "ninefold predict sample_traces/configs/dp4.toml --db nf.duckdb --job run42",
+    "compare": "ninefold compare --db nf.duckdb --job run42 --config sample_traces/configs/dp4.toml",
+    "report": "ninefold report --db nf.duckdb --job run42 --out run42.html",
+    "serve": "ninefold serve --db nf.duckdb --port 5006   (add --token T to serve beyond loopback)",
+    "batch": "ninefold batch /traces/nightly --db catalog.duckdb --reports reports/ --workers 2",
+    "nccl": "ninefold nccl --db nf.duckdb --job run42",
+    "hang": "ninefold hang --db nf.duckdb --job run42 --format json",
+}
+for _name, _ex in EXAMPLES.items():
+    if _name in cli.commands:
+        cli.commands[_name].epilog = f"Example: {_ex}"
 
 
 def main():

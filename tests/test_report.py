@@ -40,9 +40,10 @@ def test_report_is_self_contained(demo, tmp_path):
     names = {r.get("attributes", {}).get("name") for r in docs[0]["roots"]}
     assert "ninefold_report" in names
     text = json.dumps(docs[0])
-    for needle in ("overview_ledgers", "timeline", "straggler_heatmap", NO_PREDICTION,
+    for needle in ("overview_ledgers", "timeline", "straggler_heatmap", "prediction config", "overview_compare",
                    "no all-to-all collectives in this job"):
         assert needle in text, needle
+    assert NO_PREDICTION not in text  # the demo stores dp4's prediction: measured vs predicted for every ledger
     assert "ninefold report: dp4" in html
 
 

@@ -15,6 +15,7 @@ from PIL import Image
 
 from sample_traces.demo_store import build_demo_store, sample_files
 from dashboards.report import write_report
+from analysis.ledgers import LEDGERS
 from dashboards.style import LEDGER_COLORS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +165,15 @@ def test_static_report_renders_offline(browser, tmp_path):
     cols = _colours(page.screenshot())
     assert len(cols) > 20 and _hex(LEDGER_COLORS["compute"]) in cols
     assert attempted == [] and errors == []
+    # measured vs predicted: the demo stores dp4's prediction, so every ledger's row has a predicted value
+    table = page.locator("table.nf-table").filter(has_text="residual %").first
+    table.wait_for(timeout=5_000)
+    rows = {}
+    for tr in table.locator("tbody tr").all():
+        cells = [c.inner_text() for c in tr.locator("td").all()]
+        rows[cells[0]] = cells
+    assert set(rows) == set(LEDGERS)
+    assert all(c[2] not in ("", "–") for c in rows.values()), rows
     page.close()
 
 

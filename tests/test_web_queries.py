@@ -84,24 +84,33 @@ def test_overview_per_rank_sums_and_order(ro):
 
 
 def test_ledger_compare_without_and_with_prediction(ro, rw_copy):
-    cmp = queries.ledger_compare(ro, "dp4")
+    # moe4 has no shipped config: no prediction until one is stored (dp4's demo prediction: see below)
+    cmp = queries.ledger_compare(ro, 'moe4')
     assert cmp["ledger"].to_list() == list(LEDGERS)
     assert cmp["predicted_ns"].null_count() == 9
-    html = texts(overview_view.render(overview_view.load(ro, "dp4")))
+    html = texts(overview_view.render(overview_view.load(ro, 'moe4')))
     assert queries.NO_PREDICTION in html
     con = rw_copy
     con.execute("CREATE TABLE IF NOT EXISTS predicted_ledgers (job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, "
                 "ns BIGINT, config_sha VARCHAR)")
     con.execute("""INSERT INTO predicted_ledgers SELECT job, rank, step, ledger, ns // 2, 'old' FROM ledger_totals
-                   WHERE job = 'dp4'""")
+                   WHERE job = 'moe4'""")
     con.execute("""INSERT INTO predicted_ledgers SELECT job, rank, step, ledger, 1000000, 'new' FROM ledger_totals
-                   WHERE job = 'dp4'""")
-    assert queries.prediction_config(con, "dp4") == "new"
-    cmp2 = queries.ledger_compare(con, "dp4")
+                   WHERE job = 'moe4'""")
+    assert queries.prediction_config(con, 'moe4') == "new"
+    cmp2 = queries.ledger_compare(con, 'moe4')
     assert cmp2["predicted_ns"].to_list() == [1e6] * 9
     np.testing.assert_allclose(cmp2["residual_ns"].to_numpy(), cmp2["measured_ns"].to_numpy() - 1e6)
-    old = queries.ledger_compare(con, "dp4", "old")
+    old = queries.ledger_compare(con, 'moe4', "old")
     np.testing.assert_allclose(old["residual_ns"].to_numpy(), old["predicted_ns"].to_numpy(), rtol=1e-6, atol=1)
+
+
+def test_demo_dp4_opens_on_measured_vs_predicted(ro):
+    # the demo store runs compare with sample_traces/configs/dp4.toml: every ledger has a predicted value
+    cmp = queries.ledger_compare(ro, "dp4")
+    assert cmp["predicted_ns"].null_count() == 0 and cmp["predicted_ns"].sum() > 0
+    html = texts(overview_view.render(overview_view.load(ro, "dp4")))
+    assert queries.NO_PREDICTION not in html and "prediction config" in html
 
 
 def test_stragglers_point_at_the_planted_rank(ro, demo):
@@ -168,20 +177,20 @@ def test_pipeline_bubble_against_formula(ro, demo):
 
 
 def test_memory_missing_then_present(ro, rw_copy):
-    m = queries.memory(ro, "dp4")
+    m = queries.memory(ro, "moe4")
     assert m["predicted"].height == 0 and m["measured"].height == 0
-    text = texts(memory_view.render(dict(m, job="dp4")))
+    text = texts(memory_view.render(dict(m, job="moe4")))
     assert queries.NO_PREDICTION in text
     con = rw_copy
     con.execute("CREATE TABLE IF NOT EXISTS predicted_memory (job VARCHAR, rank INTEGER, item VARCHAR, bytes BIGINT)")
-    con.execute("""INSERT INTO predicted_memory (job, rank, item, bytes) SELECT 'dp4', r, item, b FROM range(4) t(r),
+    con.execute("""INSERT INTO predicted_memory (job, rank, item, bytes) SELECT 'moe4', r, item, b FROM range(4) t(r),
                    (VALUES ('parameters', 2000000000), ('optimizer_states', 6000000000)) v(item, b)""")
     # the store's memory_events table (allocator events from traces recorded with profile_memory=True)
-    con.execute("INSERT INTO memory_events (job, rank, ts_ns, total_allocated) SELECT 'dp4', r, i, 1000 * i + r FROM range(4) a(r), range(50) b(i)")
-    m2 = queries.memory(con, "dp4")
+    con.execute("INSERT INTO memory_events (job, rank, ts_ns, total_allocated) SELECT 'moe4', r, i, 1000 * i + r FROM range(4) a(r), range(50) b(i)")
+    m2 = queries.memory(con, "moe4")
     assert m2["predicted"].height == 8
     assert m2["measured"].sort("rank")["peak_bytes"].to_list() == [49000, 49001, 49002, 49003]
-    models = memory_view.render(dict(m2, job="dp4"))
+    models = memory_view.render(dict(m2, job="moe4"))
     assert any(getattr(x, "name", None) == memory_view.PLOT_NAME for x in models)
 
 

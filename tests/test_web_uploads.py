@@ -42,6 +42,9 @@ def test_upload_is_stored_by_sha256_ingested_and_attributed(tmp_path):
         assert (tmp_path / "uploads" / sha / f.name).read_bytes() == f.read_bytes()
     latest = store.entries()
     assert [e["status"] for e in latest] == ["attributed"] * 4
+    # each upload says what its trace supports, and what to change where it does not (as `ninefold inspect`)
+    assert all("this trace supports: ledgers yes" in e["message"] for e in latest)
+    assert all("memory_ledger no (torch.profiler.profile(profile_memory=True))" in e["message"] for e in latest)
     assert not list((tmp_path / "uploads" / ".partial").iterdir())
     with data_store.read_connection(db) as con:
         j = queries.jobs(con)

@@ -1,11 +1,11 @@
-"""Jobs: every job in the store with its status, step time and worst ledger."""
+"""Jobs: every job in the store with its status, step time and largest non-compute ledger."""
 from __future__ import annotations
 
 from dashboards import queries
 from dashboards.style import fmt_ns, fmt_pct, html_table, note
 from dashboards.views._common import div
 
-HEADER = ["job", "ranks", "status", "median step", "steps", "worst ledger", "worst share", "updated", "message"]
+HEADER = ["job", "ranks", "status", "median step", "steps", "largest non-compute ledger", "its share of rank-step time", "updated", "message"]
 
 
 def load(con) -> dict:
