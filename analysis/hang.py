@@ -41,7 +41,7 @@ def hang_report(con, job: str) -> dict:
     at_max = {(pg, n): (op, states) for pg, n, op, states in con.execute("""
         WITH e AS (SELECT * FROM fr_entries WHERE job = ? AND NOT coalesce(is_p2p, false) AND seq > 0),
              mx AS (SELECT pg_name, max(seq) AS n FROM e GROUP BY pg_name)
-        SELECT e.pg_name, e.seq, mode(e.op), list(DISTINCT e.state ORDER BY e.state)
+        SELECT e.pg_name, e.seq, mode(e.op), list(DISTINCT coalesce(e.state, 'unknown') ORDER BY coalesce(e.state, 'unknown'))
         FROM e JOIN mx ON mx.pg_name = e.pg_name AND mx.n = e.seq GROUP BY ALL""", [job]).fetchall()}
     mismatches: dict = {}
     for pg, seq, ops, ranks in con.execute("""
@@ -79,7 +79,7 @@ def format_table(rep: dict) -> str:
     for g in rep["process_groups"]:
         state = "HUNG" if g["hung"] else "ok"
         lines.append(f"pg {g['pg_name']} ({g['pg_desc']}) {state}: max seq {g['max_seq']} {g['op_at_max']} "
-                     f"[{','.join(g['states_at_max'])}]; members {_ranges(g['members'])}; "
+                     f"[{','.join(str(x) for x in g['states_at_max'])}]; members {_ranges(g['members'])}; "
                      f"never reached it: {_ranges(g['missing']) or '-'}")
         for m in g["op_mismatches"]:
             lines.append(f"    op mismatch at seq {m['seq']}: {', '.join(m['ops'])} (ranks {_ranges(m['ranks'])})")

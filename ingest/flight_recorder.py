@@ -167,6 +167,27 @@ def _pg_rows(obj: dict, entries: pa.Table) -> list[tuple]:
     return [tuple(r) for r in rows.values()]
 
 
+def _check_fields(path, obj: dict) -> None:
+    """One-line errors for top-level fields of the wrong type, and group members no rank can be."""
+    cfg, status = obj.get("pg_config"), obj.get("pg_status")
+    if cfg is not None and not isinstance(cfg, (dict, list)):
+        raise TraceFormatError(path, "pg_config", f"expected an object, got {type(cfg).__name__}")
+    if status is not None and not isinstance(status, dict):
+        raise TraceFormatError(path, "pg_status", f"expected an object, got {type(status).__name__}")
+    groups = cfg.values() if isinstance(cfg, dict) else (cfg or [])
+    for c in groups:
+        ranks = c.get("ranks") if isinstance(c, dict) else None
+        try:
+            lst = json.loads(ranks) if isinstance(ranks, str) else ranks
+        except (ValueError, TypeError):
+            continue
+        if isinstance(lst, list):
+            bad = [x for x in lst if isinstance(x, int) and not 0 <= x <= 2**31 - 1]
+            if bad:
+                raise TraceFormatError(path, "pg_config", f"group member rank {bad[0]} is out of range "
+                                       f"(0..{2**31 - 1})")
+
+
 def load(con, path, job, rank=None, replace=False, salvage=False):
     from ingest.load import LoadResult, sha256_of
 
@@ -178,6 +199,7 @@ def load(con, path, job, rank=None, replace=False, salvage=False):
     if same is not None:
         return LoadResult(str(path), job, same[0], "unchanged", "already stored (same sha256)")
     obj, fmt = read_dump(path)
+    _check_fields(path, obj)
     r = rank_of(path, rank)
     existing = first(con, "SELECT path FROM fr_dumps WHERE job = ? AND rank = ?", [job, r])
     if existing is not None and not replace:

@@ -68,10 +68,37 @@ class KinetoMeta:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+# A .json.gz is decompressed into the work folder before parsing; a gzip bomb must not fill the disk. Kineto
+# JSON compresses 5-25x; the cap is a multiple of the compressed size (at least MIN), set by --max-decompressed-bytes.
+MAX_DECOMPRESSED_RATIO = 100
+MIN_DECOMPRESSED_CAP = 256 << 20
+MAX_DECOMPRESSED_BYTES: int | None = None  # an absolute cap instead of the ratio (the CLI option)
+
+
+def decompressed_cap(compressed: int) -> int:
+    if MAX_DECOMPRESSED_BYTES is not None:
+        return MAX_DECOMPRESSED_BYTES
+    return max(MIN_DECOMPRESSED_CAP, MAX_DECOMPRESSED_RATIO * compressed)
+
+
 def _decompress(path: Path, dst: Path) -> None:
+    cap = decompressed_cap(path.stat().st_size)
     try:
         with gzip.open(path, "rb") as src, open(dst, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 24)
+            head = src.read(1 << 16)
+            if head and not head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"[", b""):
+                raise TraceFormatError(path, None, "not JSON inside the gzip stream (does not start with '{')")
+            out.write(head)
+            n = len(head)
+            while True:
+                buf = src.read(1 << 24)
+                if not buf:
+                    break
+                n += len(buf)
+                if n > cap:
+                    raise TraceFormatError(path, None, f"decompresses to more than {cap} bytes (a gzip bomb?); "
+                                           "raise --max-decompressed-bytes if the trace is real")
+                out.write(buf)
     except (OSError, EOFError, zlib.error) as e:
         raise TraceFormatError(path, None, f"corrupt gzip stream ({e})") from None
 
@@ -134,6 +161,38 @@ def _find_array_end(tail: bytes, tail_off: int) -> tuple[int, dict] | None:
     return None
 
 
+_SWEPT: set = set()
+
+
+def work_root() -> Path:
+    """One known folder for ingest's work files ($NINEFOLD_TMP, else <tmp>/ninefold-work)."""
+    import os
+
+    return Path(os.environ.get("NINEFOLD_TMP") or Path(tempfile.gettempdir()) / "ninefold-work")
+
+
+def work_dir() -> str:
+    """A fresh work folder named by this process's PID; on a process's first use, folders of processes that no
+    longer run (a killed ingest) are removed."""
+    import os
+
+    root = work_root()
+    root.mkdir(parents=True, exist_ok=True)
+    if str(root) not in _SWEPT:
+        _SWEPT.add(str(root))
+        for d in root.iterdir():
+            pid = d.name.split("-", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except PermissionError:
+                pass  # another user's live process
+    return tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
+
+
 def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None) -> KinetoMeta:
     """Locate the event array and read the metadata; raise TraceFormatError on anything else."""
     path = Path(path)
@@ -141,7 +200,7 @@ def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None)
         raise TraceFormatError(path, None, "no such file")
     if path.stat().st_size == 0:
         raise TraceFormatError(path, None, "empty file")
-    km = KinetoMeta(tmpdir=tempfile.mkdtemp(prefix="ninefold-"))
+    km = KinetoMeta(tmpdir=work_dir())
     try:
         with open(path, "rb") as f:
             magic = f.read(2)

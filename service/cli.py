@@ -9,10 +9,43 @@ import click
 from store.errors import NinefoldError
 
 
-@click.group(epilog="Start here: ninefold inspect TRACE_DIR/ ; ninefold ingest TRACE_DIR/ --db nf.duckdb --job run42 ; "
+class _Group(click.Group):
+    """Library errors that escape a command (e.g. a store locked past --wait) become one line, exit 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except NinefoldError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+def _set_max_decompressed(ctx, param, value):
+    if value is not None:
+        import ingest.kineto
+
+        ingest.kineto.MAX_DECOMPRESSED_BYTES = int(value)
+    return value
+
+
+def _set_wait(ctx, param, value):
+    if value is not None:
+        import store.connection
+
+        store.connection.WAIT_SECONDS = float(value)
+    return value
+
+
+@click.group(cls=_Group, epilog="Start here: ninefold inspect TRACE_DIR/ ; ninefold ingest TRACE_DIR/ --db nf.duckdb --job run42 ; "
                     "ninefold attribute --db nf.duckdb ; ninefold ledgers --db nf.duckdb --job run42. "
                     "Capture advice: docs/capture.md")
 @click.version_option(package_name="ninefold", prog_name="ninefold")
+@click.option("--wait", type=float, default=None, callback=_set_wait, expose_value=False, is_eager=True,
+              metavar="SECONDS", help="how long to wait for another process's lock on the store (default 30)")
+@click.option("--max-decompressed-bytes", type=int, default=None, callback=_set_max_decompressed,
+              expose_value=False, is_eager=True, metavar="N",
+              help="refuse a .json.gz that decompresses to more than N bytes (default: 100x its compressed size, "
+                   "at least 256 MiB; ingest, the upload page and inspect)")
 def cli():
     """ninefold: where every nanosecond of every rank's step went."""
 

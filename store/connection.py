@@ -1,18 +1,56 @@
-"""Opening the DuckDB store."""
+"""Opening the DuckDB store.
+
+DuckDB lets one process write a file or several read it. A command that meets another process's lock waits
+for it with bounded back-off (``WAIT_SECONDS``, the CLI's ``--wait``), saying once that it is waiting, then
+fails in one line naming the holder.
+"""
+import re
+import sys
+import time
 from pathlib import Path
 
 import duckdb
 
+from store.errors import NinefoldError
 from store.schema import create_all
 
+WAIT_SECONDS = 30.0  # how long a command waits for another process's lock on the store
 
-def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+
+class StoreBusy(NinefoldError):
+    """The store is locked by another process beyond the wait."""
+
+
+def _holder(msg: str) -> str:
+    m = re.search(r"held in (.*?) \(PID (\d+)\)", msg)
+    return f"{m.group(1)} (PID {m.group(2)})" if m else "another process"
+
+
+def _open(db, read_only: bool, wait: float | None):
+    wait = WAIT_SECONDS if wait is None else wait
+    deadline = time.monotonic() + wait
+    delay, told = 0.05, False
+    while True:
+        try:
+            return duckdb.connect(str(db), read_only=read_only)
+        except duckdb.IOException as e:
+            msg = str(e)
+            if "lock" not in msg.lower():
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreBusy(f"{db}: locked by {_holder(msg)}; gave up after {wait:g} s "
+                                "(--wait SECONDS to wait longer)") from None
+            if not told:
+                print(f"waiting for {db}: locked by {_holder(msg)} (up to {wait:g} s)", file=sys.stderr)
+                told = True
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.01)))
+            delay = min(delay * 2, 1.0)
+
+
+def connect(db: str | Path, read_only: bool = False, wait: float | None = None) -> duckdb.DuckDBPyConnection:
     # no progress bar: it writes to stdout, which the CLI's output owns
-    if read_only:
-        con = duckdb.connect(str(db), read_only=True)
-        con.execute("SET enable_progress_bar = false")
-        return con
-    con = duckdb.connect(str(db))
+    con = _open(db, read_only, wait)
     con.execute("SET enable_progress_bar = false")
-    create_all(con)
+    if not read_only:
+        create_all(con)
     return con

@@ -161,3 +161,122 @@ def test_attribute_killed_at_any_point_leaves_the_old_results_or_the_new(tmp_pat
             assert n == done, (first_run, frac, n)  # every table whole, never a mix
             assert s == sums
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("name, mutate, why", [
+    ("pg_status", lambda d: d.__setitem__("pg_status", "x"), "at pg_status: expected an object, got str"),
+    ("big_rank", lambda d: d.__setitem__("pg_config", {"0": {"desc": "default_pg", "name": "0",
+                                                             "ranks": "[1234567890123456789012345678901234567890]"}}),
+     "group member rank 1234567890123456789012345678901234567890 is out of range"),
+    ("pg_config", lambda d: d.__setitem__("pg_config", "nope"), "at pg_config: expected an object")])
+def test_flight_recorder_fields_of_the_wrong_type_are_one_line(db, tmp_path, name, mutate, why):
+    from sample_traces.flight_recorder import generate
+
+    generate(tmp_path / "fr", world=4, tp=2, hang_ranks=(3,))
+    p = sorted((tmp_path / "fr" / "json").glob("*.json"))[0]
+    _edit(p, mutate)
+    (r,) = ingest_paths(db, [p], job="f")
+    assert r.status == "failed" and why in r.message and "\n" not in r.message
+    assert db.execute("SELECT count(*) FROM fr_entries").fetchone()[0] == 0
+
+
+def test_hang_report_with_entries_of_unknown_state(db, tmp_path):
+    from analysis.hang import format_table, hang_report
+    from sample_traces.flight_recorder import generate
+
+    generate(tmp_path / "fr", world=4, tp=2, hang_ranks=(3,))
+    files = sorted((tmp_path / "fr" / "json").glob("*.json"))
+    for p in files:
+        _edit(p, lambda doc: [e.__setitem__("state", None) for e in doc["entries"]])
+    assert all(r.status == "stored" for r in ingest_paths(db, files, job="f"))
+    text = format_table(hang_report(db, "f"))
+    assert "unknown" in text
+
+
+def test_a_busy_store_is_waited_for_then_refused_in_one_line(tmp_path, two_ranks):
+    db = tmp_path / "busy.duckdb"
+    cli = [sys.executable, "-m", "service.cli"]
+    r = subprocess.run(cli + ["ingest", str(two_ranks), "--db", str(db), "--job", "j"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert subprocess.run(cli + ["attribute", "--db", str(db)], cwd=ROOT, capture_output=True).returncode == 0
+    hold = ("import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('locked', flush=True); "
+            "time.sleep(float(sys.argv[2]))")
+    for seconds, wait, ok in ((3, "20", True), (30, "0.5", False)):
+        holder = subprocess.Popen([sys.executable, "-c", hold, str(db), str(seconds)], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            r = subprocess.run(cli + ["--wait", wait, "ledgers", "--db", str(db), "--job", "j", "--format", "csv"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+        finally:
+            holder.kill()
+            holder.wait()
+        assert "Traceback" not in r.stderr
+        if ok:  # waited for the writer to go, then answered
+            assert r.returncode == 0 and r.stdout.startswith("rank,step,ledger,ns") and "waiting for" in r.stderr
+        else:
+            line = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+            assert r.returncode == 2 and len(line) == 1 and f"PID {holder.pid}" in line[0] and "gave up" in line[0]
+
+
+def test_work_folders_of_a_killed_ingest_are_removed_at_the_next_start(tmp_path, two_ranks, monkeypatch):
+    root = tmp_path / "work"
+    monkeypatch.setenv("NINEFOLD_TMP", str(root))
+    # a live process's folder stays; a dead one's goes
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (root / f"{dead.pid}-abc").mkdir(parents=True)
+    (root / f"{dead.pid}-abc" / "slice.json").write_bytes(b"x" * 1000)
+    live = root / f"{os.getppid()}-keep"
+    live.mkdir()
+    db = tmp_path / "w.duckdb"
+    r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(two_ranks / "rank-0.json"), "--db",
+                        str(db), "--job", "j"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    left = sorted(p.name for p in root.iterdir())
+    assert left == [live.name]  # the dead process's folder is gone, and this ingest cleaned its own
+    # a kill -9 mid-ingest leaves a folder; the next ingest removes it
+    big = tmp_path / "big"
+    generate_a2a(big, ranks=1, steps=40, seed=2)
+    p = subprocess.Popen([sys.executable, "-m", "service.cli", "ingest", str(big / "rank-0.json"), "--db",
+                          str(tmp_path / "k.duckdb"), "--job", "k"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while not [d for d in root.iterdir() if d.name.startswith(f"{p.pid}-")] and time.monotonic() - t0 < 20:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(two_ranks / "rank-1.json"), "--db",
+                        str(db), "--job", "j"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert not [d for d in root.iterdir() if d.name.startswith(f"{p.pid}-")]
+
+
+def test_gzip_bombs_are_refused_before_they_fill_the_disk(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.setenv("NINEFOLD_TMP", str(tmp_path / "work"))
+    zeros = tmp_path / "zeros.json.gz"
+    with gzip.open(zeros, "wb", compresslevel=9) as f:
+        for _ in range(64):
+            f.write(b"\0" * (1 << 20))
+    spaces = tmp_path / "spaces.json.gz"
+    with gzip.open(spaces, "wb", compresslevel=9) as f:
+        f.write(b'{"traceEvents": [')
+        for _ in range(64):
+            f.write(b" " * (1 << 20))
+        f.write(b"]}")
+    db = tmp_path / "g.duckdb"
+    cli = [sys.executable, "-m", "service.cli"]
+    r = subprocess.run(cli + ["ingest", str(zeros), "--db", str(db), "--job", "g", "--rank", "0"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "not JSON inside the gzip stream" in r.stdout + r.stderr
+    r = subprocess.run(cli + ["--max-decompressed-bytes", str(8 << 20), "ingest", str(spaces), "--db", str(db),
+                              "--job", "g", "--rank", "0"], cwd=ROOT, capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and f"decompresses to more than {8 << 20} bytes" in out and "Traceback" not in out
+    # nothing stayed in the work folder
+    assert not any((tmp_path / "work").rglob("*.json"))
+    r = subprocess.run(cli + ["--help"], cwd=ROOT, capture_output=True, text=True)
+    assert "--max-decompressed-bytes" in r.stdout and "100x its compressed size" in r.stdout
