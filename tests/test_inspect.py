@@ -1,5 +1,6 @@
 """`ninefold inspect`: what each trace can tell, on every file of the shared corpus and on a store."""
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,12 +13,13 @@ SUFFIXES = (".json", ".json.gz", ".log", ".sqlite", ".txt", ".pkl", ".pickle", "
 
 @pytest.fixture(scope="module")
 def corpus():
-    files = sorted(str(p) for p in SHARED_TRACES.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
+    # paths as stored: resolved (the corpus may be reached through a symlink)
+    files = sorted(str(p.resolve()) for p in SHARED_TRACES.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
     r = CliRunner().invoke(cli, ["inspect", *files, "--format", "json"])
     assert r.exception is None, r.exception
     assert r.exit_code == 0, r.output[-2000:]
     doc = json.loads(r.output)
-    return files, {t["path"]: t for t in doc["traces"]}, doc["errors"]
+    return files, {str(Path(t["path"]).resolve()): t for t in doc["traces"]}, doc["errors"]
 
 
 def _caps(t):
@@ -39,7 +41,7 @@ def test_every_file_is_inspected_or_refused_in_one_line(corpus):
 @needs_shared
 def test_verdicts_on_one_trace_of_each_kind(corpus):
     _, traces, _ = corpus
-    t = lambda rel: traces[str(SHARED_TRACES / rel)]  # noqa: E731
+    t = lambda rel: traces[str((SHARED_TRACES / rel).resolve())]  # noqa: E731
     shapes = t("kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz")
     assert _caps(shapes)["efficiency_calibration"] == "available" and _caps(shapes)["memory_ledger"] == "available"
     noshape = t("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz")
