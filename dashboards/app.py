@@ -36,6 +36,13 @@ class StreamingFileDropper(pn.widgets.FileDropper):
         self._on_complete, self._on_error = on_complete, on_error
         self._writers: dict[str, ChunkWriter | None] = {}
 
+    def abort_all(self) -> None:
+        """The browser session ended: its uploads still arriving are dropped, their partial files deleted."""
+        for w in list(self._writers.values()):
+            if w is not None:
+                w.abort()
+        self._writers.clear()
+
     def _process_event(self, event):
         data = event.data
         name = data["name"]
@@ -121,6 +128,10 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
         dropper = StreamingFileDropper(store, lambda: upload_job.value, completed, failed, multiple=True,
                                        chunk_size=CHUNK_BYTES, max_file_size=f"{limit_mb}MB",
                                        sizing_mode="stretch_width", css_classes=["nf-dropper"])
+        try:  # a closed browser tab leaves no partial file behind
+            pn.state.on_session_destroyed(lambda _ctx, d=dropper: d.abort_all())
+        except Exception:  # outside a server session (the static report, tests)
+            pass
         contents["upload"].objects = [
             pn.pane.HTML(f"<style>{CSS}</style><h2 class='nf'>Upload traces</h2>"
                          + note("drop Kineto .json / .json.gz, Nsight Systems .sqlite or NCCL .log files; they are "

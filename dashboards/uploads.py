@@ -35,6 +35,7 @@ FINAL = ("attributed", "unchanged", "failed")
 UPLOADS_DDL = """job VARCHAR, sha256 VARCHAR, name VARCHAR, path VARCHAR, bytes BIGINT, status VARCHAR,
                  message VARCHAR, updated_at TIMESTAMP"""
 _NAME_OK = re.compile(r"[^A-Za-z0-9._+-]+")
+PARTIAL_FACTOR = 4  # .partial/ holds at most this many maximum-size uploads at once
 
 
 def safe_name(name: str) -> str:
@@ -62,8 +63,38 @@ class UploadStore:
         self.partial = self.root / ".partial"
         self.manifest = self.root / "manifest.jsonl"
         self.max_bytes = int(max_bytes)
+        # all uploads still arriving together: abandoned ones cannot fill the disk
+        self.max_partial_bytes = PARTIAL_FACTOR * self.max_bytes
+        self.partial_bytes = 0
         self._lock = threading.Lock()
         self.partial.mkdir(parents=True, exist_ok=True)
+        self.sweep_partials()
+
+    def sweep_partials(self) -> int:
+        """Remove partial uploads of processes that no longer run (a killed or restarted server)."""
+        n = 0
+        for f in self.partial.iterdir():
+            pid = f.name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid():
+                try:
+                    os.kill(int(pid), 0)
+                    continue
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    continue
+            elif pid.isdigit():
+                continue  # this process's own, still arriving
+            f.unlink(missing_ok=True)
+            n += 1
+        return n
+
+    def _account(self, delta: int) -> None:
+        with self._lock:
+            if delta > 0 and self.partial_bytes + delta > self.max_partial_bytes:
+                raise NinefoldError(f"uploads in progress already hold {self.partial_bytes} bytes (limit "
+                                    f"{self.max_partial_bytes}); try again when they finish")
+            self.partial_bytes = max(self.partial_bytes + delta, 0)
 
     # -------------------------------------------------------------- manifest
     def record(self, **entry) -> dict:
@@ -127,24 +158,36 @@ class ChunkWriter:
         self.fh = open(self.tmp, "wb")
 
     def write(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self.store.max_bytes:
+        if self.size + len(data) > self.store.max_bytes:
             self.abort()
             raise NinefoldError(f"{self.name}: larger than this server's upload limit of "
                                 f"{self.store.max_bytes} bytes")
+        try:
+            self.store._account(len(data))
+        except NinefoldError:
+            self.abort()
+            raise
+        self.size += len(data)
         self.h.update(data)
         self.fh.write(data)
+
+    def _release(self) -> None:
+        if not getattr(self, "_released", False):
+            self._released = True
+            self.store._account(-self.size)
 
     def abort(self) -> None:
         try:
             self.fh.close()
         finally:
             self.tmp.unlink(missing_ok=True)
+            self._release()
 
     def finish(self) -> dict:
         self.fh.flush()
         os.fsync(self.fh.fileno())
         self.fh.close()
+        self._release()
         sha = self.h.hexdigest()
         dest = self.store.path_for(sha, self.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +197,27 @@ class ChunkWriter:
             os.replace(self.tmp, dest)
         return self.store.record(sha256=sha, name=self.name, job=self.job, path=str(dest), bytes=self.size,
                                  status="queued", message="")
+
+
+RETRY_BASE_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors that are not the file's fault: another process's lock on the store, a full disk."""
+    import errno
+
+    import duckdb
+
+    from store.connection import StoreBusy
+
+    if isinstance(exc, StoreBusy):
+        return True
+    if isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower():
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(exc)
 
 
 class Writer:
@@ -166,6 +230,8 @@ class Writer:
         self.current: dict | None = None
         self._thread = threading.Thread(target=self._run, name="ninefold-writer", daemon=True)
         self._stop = threading.Event()
+        self._retries: dict = {}
+        self._pending = 0  # uploads waiting out a back-off
 
     def start(self, requeue: bool = True) -> "Writer":
         if requeue:
@@ -183,7 +249,10 @@ class Writer:
         self.q.put(None)
 
     def idle(self) -> bool:
-        return self.q.empty() and self.current is None
+        return self.q.empty() and self.current is None and self._pending == 0
+
+    def _done_waiting(self) -> None:
+        self._pending -= 1
 
     def _status(self, con, e: dict, status: str, message: str = "") -> None:
         e = dict(e, status=status, message=message)
@@ -206,7 +275,23 @@ class Writer:
                 self._process(e)
             except Exception as exc:  # never let the writer die; the upload shows the error
                 try:
-                    self._status(None, e, "failed", f"{type(exc).__name__}: {exc}")
+                    if _transient(exc):
+                        # the store locked by another process, or the disk full: not the file's fault. Retry with
+                        # back-off; the status is not final, so a restart resumes it too
+                        key = (e["sha256"], e["job"])
+                        n = self._retries[key] = self._retries.get(key, 0) + 1
+                        delay = min(RETRY_BASE_S * 2 ** (n - 1), RETRY_MAX_S)
+                        self._status(None, e, "waiting", f"retry {n} in {delay:g} s: {str(exc).splitlines()[0]}")
+                        self._pending += 1
+
+                        def again(e=e):
+                            self.q.put(e)
+                            self._done_waiting()
+                        t = threading.Timer(delay, again)
+                        t.daemon = True
+                        t.start()
+                    else:
+                        self._status(None, e, "failed", f"{type(exc).__name__}: {exc}")
                 except Exception:
                     traceback.print_exc()
             finally:

@@ -143,7 +143,7 @@ def test_attribute_killed_at_any_point_leaves_the_old_results_or_the_new(tmp_pat
     assert full.returncode == 0, full.stderr
     done, sums = _state(db)
     assert all(done.values()) and sums[0] == sums[1] == sums[2]
-    for first_run in (True, False):
+    for first_run in (False, True):  # a store with results first (each kill keeps old or new: both whole)
         for frac in (0.35, 0.55, 0.7, 0.8, 0.9, 0.97):
             if first_run:  # a store never attributed: after the kill it has no results at all, or all of them
                 import duckdb

@@ -156,3 +156,72 @@ def test_serve_config_refusals():
         check_config(ServeConfig(db="x", host="10.0.0.1", basic_auth="nopass"))
     with pytest.raises(NinefoldError, match="either --token or --basic-auth"):
         check_config(ServeConfig(db="x", token="abcdefgh1", basic_auth="a:b"))
+
+
+def test_abandoned_partials_are_swept_and_capped(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db, max_bytes=10_000)
+    # a partial of a server process that is gone is removed at the next start; our own in-flight one stays
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (store.partial / f"{dead.pid}-1-2-rank-0.json").write_bytes(b"x" * 5000)
+    w = ChunkWriter(store, "rank-1.json", "j")
+    w.write(b"{" * 100)
+    store2 = UploadStore(db, max_bytes=10_000)
+    assert sorted(p.name for p in store2.partial.iterdir()) == [w.tmp.name]
+    # an aborted upload (the browser session ended) leaves nothing and frees its bytes
+    w.abort()
+    assert not list(store.partial.iterdir()) and store.partial_bytes == 0
+    # all uploads in flight together hold at most PARTIAL_FACTOR x max_bytes
+    open_ = [ChunkWriter(store, f"rank-{i}.json", "j") for i in range(5)]
+    for x in open_[:4]:
+        x.write(b" " * 9_000)
+    with pytest.raises(NinefoldError, match="uploads in progress already hold 36000 bytes"):
+        open_[4].write(b" " * 9_000)
+    assert not open_[4].tmp.exists()
+    for x in open_[:4]:
+        x.abort()
+    assert store.partial_bytes == 0 and not list(store.partial.iterdir())
+
+
+def test_an_upload_meeting_a_locked_store_waits_and_lands(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import dashboards.uploads as up
+    import store.connection
+
+    monkeypatch.setattr(store.connection, "WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(up, "RETRY_BASE_S", 0.5)
+    db = tmp_path / "s.duckdb"
+    from store.connection import connect
+
+    connect(db).close()
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('locked', flush=True); time.sleep(3)", str(db)], stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    store = UploadStore(db)
+    writer = Writer(store).start()
+    f = sample_files("dp4")[0]
+    writer.submit(store.store_bytes(f.name, f.read_bytes(), "lk"))
+    seen = set()
+    t0 = time.monotonic()
+    while not writer.idle() or time.monotonic() - t0 < 0.5:
+        seen |= {e["status"] for e in store.entries()}
+        assert time.monotonic() - t0 < 60
+        time.sleep(0.05)
+    holder.wait()
+    writer.stop()
+    (e,) = store.entries()
+    assert "waiting" in seen and e["status"] == "attributed", (seen, e)
+    # a restart resumes an upload left waiting
+    store.record(sha256=e["sha256"], name=e["name"], job=e["job"], path=e["path"], bytes=e["bytes"],
+                 status="waiting", message="retry 1")
+    w2 = Writer(store).start()
+    _wait(w2)
+    w2.stop()
+    assert store.entries()[0]["status"] in ("attributed", "unchanged")
