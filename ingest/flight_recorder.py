@@ -98,7 +98,21 @@ def read_dump(path: Path) -> tuple[dict, str]:
         raise TraceFormatError(path, None, f"not a Flight Recorder dump: no 'entries' list (top level: {keys})")
     if not all(isinstance(e, dict) for e in obj["entries"]):
         raise TraceFormatError(path, "entries", "an entry is not a dict")
-    return obj, fmt
+    return _repair_strings(obj), fmt
+
+
+_SURR = re.compile("[\ud800-\udfff]")
+
+
+def _repair_strings(x):
+    """Lone UTF-16 surrogates (valid JSON escapes, not storable text) become U+FFFD, in keys and values."""
+    if isinstance(x, str):
+        return _SURR.sub("\ufffd", x) if _SURR.search(x) else x
+    if isinstance(x, dict):
+        return {_repair_strings(k): _repair_strings(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_repair_strings(v) for v in x]
+    return x
 
 
 def rank_of(path: Path, rank: int | None) -> int:
