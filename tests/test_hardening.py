@@ -280,3 +280,43 @@ def test_gzip_bombs_are_refused_before_they_fill_the_disk(tmp_path, monkeypatch)
     assert not any((tmp_path / "work").rglob("*.json"))
     r = subprocess.run(cli + ["--help"], cwd=ROOT, capture_output=True, text=True)
     assert "--max-decompressed-bytes" in r.stdout and "100x its compressed size" in r.stdout
+
+
+def test_ingest_killed_at_any_point_stores_the_file_whole_or_not_at_all(tmp_path, monkeypatch):
+    from sample_traces.generate import generate
+
+    monkeypatch.setenv("NINEFOLD_TMP", str(tmp_path / "work"))
+    generate(tmp_path / "big", ranks=1, steps=2, seed=1, target_mb=30)
+    trace = tmp_path / "big" / "rank-0.json"
+    cli = [sys.executable, "-m", "service.cli", "ingest", str(trace), "--job", "k", "--db"]
+    ref = tmp_path / "ref.duckdb"
+    t = time.monotonic()
+    assert subprocess.run(cli + [str(ref)], cwd=ROOT, capture_output=True).returncode == 0
+    took = time.monotonic() - t
+    import duckdb
+
+    def counts(path):
+        c = duckdb.connect(str(path), read_only=True)
+        try:
+            return {tb: c.execute(f"SELECT count(*) FROM {tb} WHERE job = 'k'").fetchone()[0]
+                    for tb in ("traces", "gpu_ops", "host_ops", "collectives", "steps", "flows")}
+        finally:
+            c.close()
+    whole = counts(ref)
+    db = tmp_path / "k.duckdb"
+    for frac in (0.2, 0.4, 0.6, 0.75, 0.9):
+        p = subprocess.Popen(cli + [str(db)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(took * frac)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if db.exists():
+            n = counts(db)
+            assert n == whole or not any(n.values()), (frac, n)
+            if n == whole:  # landed before the kill: start again from an empty store
+                db.unlink()
+                for w in tmp_path.glob("k.duckdb.wal"):
+                    w.unlink()
+    r = subprocess.run(cli + [str(db)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert counts(db) == whole  # the rerun completes, no duplicate rows
+    assert not list((tmp_path / "work").iterdir())  # the killed runs' work folders are gone
