@@ -21,7 +21,7 @@ import pyarrow as pa
 from ingest.kineto import DTYPE_BYTES
 from ingest.nccl_log import first
 from ingest.registry import Loader
-from ingest.common import read_nonempty
+from ingest.common import read_nonempty, repair_strings
 from store.errors import IngestConflict, TraceFormatError
 
 PICKLE_PROTO = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -98,21 +98,7 @@ def read_dump(path: Path) -> tuple[dict, str]:
         raise TraceFormatError(path, None, f"not a Flight Recorder dump: no 'entries' list (top level: {keys})")
     if not all(isinstance(e, dict) for e in obj["entries"]):
         raise TraceFormatError(path, "entries", "an entry is not a dict")
-    return _repair_strings(obj), fmt
-
-
-_SURR = re.compile("[\ud800-\udfff]")
-
-
-def _repair_strings(x):
-    """Lone UTF-16 surrogates (valid JSON escapes, not storable text) become U+FFFD, in keys and values."""
-    if isinstance(x, str):
-        return _SURR.sub("\ufffd", x) if _SURR.search(x) else x
-    if isinstance(x, dict):
-        return {_repair_strings(k): _repair_strings(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_repair_strings(v) for v in x]
-    return x
+    return repair_strings(obj), fmt
 
 
 def rank_of(path: Path, rank: int | None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import duckdb
 
+from ingest.common import repair_strings
 from store.errors import TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -228,7 +229,7 @@ def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None)
             pre = head[: m.start()].rstrip()
             pre = pre[:-1] if pre.endswith(b",") else pre
             try:
-                km.meta = json.loads(pre + b"}") if pre.strip() != b"{" else {}
+                km.meta = repair_strings(json.loads(pre + b"}")) if pre.strip() != b"{" else {}
             except ValueError as e:
                 raise TraceFormatError(path, "metadata", f"malformed metadata before traceEvents ({e})") from None
             toff = max(km.array_offset, size - TAIL_BYTES)
@@ -254,7 +255,7 @@ def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None)
                 closing = b"]"
             else:
                 end, extra = found
-                for k, v in extra.items():
+                for k, v in repair_strings(extra).items():
                     km.meta.setdefault(k, v)
                 end += 1
                 closing = b""

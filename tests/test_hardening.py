@@ -320,3 +320,12 @@ def test_ingest_killed_at_any_point_stores_the_file_whole_or_not_at_all(tmp_path
     assert r.returncode == 0, r.stderr
     assert counts(db) == whole  # the rerun completes, no duplicate rows
     assert not list((tmp_path / "work").iterdir())  # the killed runs' work folders are gone
+
+
+def test_lone_surrogate_in_the_metadata_is_repaired_too(db, two_ranks):
+    # found by the fuzz explore profile: metadata is parsed in Python, and such a string cannot be stored
+    p = two_ranks / "rank-0.json"
+    p.write_text(p.read_text().replace('"schemaVersion": 1', '"schemaVersion": "\\udcffv1"', 1))
+    (r,) = ingest_paths(db, [p], job="j")
+    assert r.status == "stored", r.message
+    assert db.execute("SELECT schema_version FROM traces").fetchone()[0] == "\ufffdv1"
