@@ -86,7 +86,7 @@ def _store_matches(con, job, cols):
     import pyarrow as pa
 
     seq, ordn = cols["seq"], cols["ord"]
-    t = {k: v for k, v in cols.items()}
+    t = dict(cols)
     t["seq"] = pa.array(seq, mask=seq < 0)
     t["ord"] = pa.array(ordn, mask=ordn < 0)
     t["pg_name"] = pa.array([x or None for x in cols["pg_name"]], pa.string())
