@@ -258,6 +258,12 @@ def _stage_kinds(con, rank, fname, diags) -> None:
         FROM _nl_rec""")
     con.execute("DROP TABLE IF EXISTS _nl_rec")
     con.execute("ALTER TABLE _nl_k RENAME TO _nl_rec")
+    # a decimal field too long for a 64-bit integer is kept as NULL (TRY_CAST below), and counted here
+    n_big = con.execute("""SELECT count(*), min(line_no) FROM _nl_rec WHERE kind IS NOT NULL
+                           AND regexp_matches(msg, '(^|[^0-9A-Za-z])[0-9]{20,}')""").fetchone()
+    if n_big[0]:
+        diags.append(("number_out_of_range", n_big[0],
+                      f"{fname}:{n_big[1]}: a number too large for a 64-bit integer, stored as NULL"))
 
     # ---- communicators: Init START/COMPLETE lines, plus the nRanks/nNodes topology line
     con.execute(f"""CREATE OR REPLACE TEMP TABLE _nl_init AS
@@ -270,8 +276,8 @@ def _stage_kinds(con, rank, fname, diags) -> None:
         diags.append(("init_fragment", n_partial[0], f"{fname}:{n_partial[1]}: init line cut before cudaDev"))
     con.execute(f"""CREATE OR REPLACE TEMP TABLE _nl_comms AS
         WITH i AS (
-            SELECT host, pid, m.comm AS comm, nullif(m.commid, '') AS comm_id, CAST(m.rank AS INTEGER) AS rank,
-                   CAST(m.nranks AS INTEGER) AS nranks, CAST(m.dev AS INTEGER) AS device,
+            SELECT host, pid, m.comm AS comm, nullif(m.commid, '') AS comm_id, TRY_CAST(m.rank AS INTEGER) AS rank,
+                   TRY_CAST(m.nranks AS INTEGER) AS nranks, TRY_CAST(m.dev AS INTEGER) AS device,
                    TRY_CAST(nullif(m.nvml, '') AS INTEGER) AS nvml_dev, nullif(m.bus, '') AS bus_id,
                    coalesce(nullif(m.func, ''), nullif(regexp_extract(msg, '(nccl\\w+) comm 0x', 1), '')) AS init_func,
                    nullif(m.parent, '') AS parent, status, line_no,
@@ -282,9 +288,9 @@ def _stage_kinds(con, rank, fname, diags) -> None:
             SELECT host, pid, regexp_extract(msg, {q(TOPO)}, ['comm','rank','nr','nn','lr','l']) AS m
             FROM _nl_rec WHERE kind = 'comm_topo'
         ), tt AS (
-            SELECT host, pid, m.comm AS comm, any_value(CAST(m.rank AS INTEGER)) AS rank,
-                   any_value(CAST(m.nr AS INTEGER)) AS nranks, any_value(CAST(m.nn AS INTEGER)) AS nnodes,
-                   any_value(CAST(m.lr AS INTEGER)) AS local_ranks, any_value(CAST(m.l AS INTEGER)) AS local_rank
+            SELECT host, pid, m.comm AS comm, any_value(TRY_CAST(m.rank AS INTEGER)) AS rank,
+                   any_value(TRY_CAST(m.nr AS INTEGER)) AS nranks, any_value(TRY_CAST(m.nn AS INTEGER)) AS nnodes,
+                   any_value(TRY_CAST(m.lr AS INTEGER)) AS local_ranks, any_value(TRY_CAST(m.l AS INTEGER)) AS local_rank
             FROM t GROUP BY ALL
         )
         SELECT coalesce(i.host, tt.host) AS host, coalesce(i.pid, tt.pid) AS pid, coalesce(i.comm, tt.comm) AS comm,
@@ -319,7 +325,7 @@ def _stage_kinds(con, rank, fname, diags) -> None:
                    TRY_CAST(nullif(m.nranks, '') AS INTEGER) AS nranks, stream, NOT complete AS truncated
             FROM _nl_c
         ), t AS (
-            SELECT host, pid, pos, m.op AS op, CAST(m.nbytes AS BIGINT) AS nbytes, m.algo AS algo,
+            SELECT host, pid, pos, m.op AS op, TRY_CAST(m.nbytes AS BIGINT) AS nbytes, m.algo AS algo,
                    m.proto AS proto, TRY_CAST(nullif(m.lo, '') AS INTEGER) AS lo,
                    TRY_CAST(nullif(m.hi, '') AS INTEGER) AS hi
             FROM _nl_t
@@ -378,25 +384,25 @@ def _stage_kinds(con, rank, fname, diags) -> None:
             SELECT host, pid, dev, line_no, regexp_extract(msg, {q(NVLS)}, ['h','ranks']) AS m
             FROM r WHERE kind = 'nvls'
         ), u AS (
-            SELECT host, pid, dev, NULL::INTEGER AS own_rank, 'ring' AS kind, CAST(m.c AS INTEGER) AS channel,
-                   CAST(m.n AS INTEGER) AS n_channels, NULL::INTEGER AS src_rank, NULL::INTEGER AS dst_rank,
+            SELECT host, pid, dev, NULL::INTEGER AS own_rank, 'ring' AS kind, TRY_CAST(m.c AS INTEGER) AS channel,
+                   TRY_CAST(m.n AS INTEGER) AS n_channels, NULL::INTEGER AS src_rank, NULL::INTEGER AS dst_rank,
                    NULL::INTEGER AS up_rank, regexp_replace(trim(m.o), '\\s+', ' ', 'g') AS peers,
                    NULL AS transport, NULL AS direction, line_no FROM ro
             UNION ALL
-            SELECT host, pid, dev, CAST(m.s AS INTEGER), CASE m.w WHEN 'Ring' THEN 'ring' ELSE 'channel' END,
-                   CAST(m.c AS INTEGER), TRY_CAST(nullif(m.n, '') AS INTEGER), CAST(m.s AS INTEGER),
-                   CAST(m.d AS INTEGER), NULL, NULL, m.via, nullif(m.dir, ''), line_no FROM lk
+            SELECT host, pid, dev, TRY_CAST(m.s AS INTEGER), CASE m.w WHEN 'Ring' THEN 'ring' ELSE 'channel' END,
+                   TRY_CAST(m.c AS INTEGER), TRY_CAST(nullif(m.n, '') AS INTEGER), TRY_CAST(m.s AS INTEGER),
+                   TRY_CAST(m.d AS INTEGER), NULL, NULL, m.via, nullif(m.dir, ''), line_no FROM lk
             UNION ALL
-            SELECT host, pid, dev, CAST(m.me AS INTEGER), 'ring', CAST(m.c AS INTEGER), NULL, CAST(m.p AS INTEGER),
-                   CAST(m.n AS INTEGER), NULL, NULL, NULL, NULL, line_no FROM r3
+            SELECT host, pid, dev, TRY_CAST(m.me AS INTEGER), 'ring', TRY_CAST(m.c AS INTEGER), NULL, TRY_CAST(m.p AS INTEGER),
+                   TRY_CAST(m.n AS INTEGER), NULL, NULL, NULL, NULL, line_no FROM r3
             UNION ALL
-            SELECT host, pid, dev, CAST(regexp_extract(item, {q(TREE_ITEM)}, 5) AS INTEGER), 'tree',
-                   CAST(regexp_extract(item, {q(TREE_ITEM)}, 1) AS INTEGER), NULL, NULL, NULL,
-                   CAST(regexp_extract(item, {q(TREE_ITEM)}, 6) AS INTEGER),
+            SELECT host, pid, dev, TRY_CAST(regexp_extract(item, {q(TREE_ITEM)}, 5) AS INTEGER), 'tree',
+                   TRY_CAST(regexp_extract(item, {q(TREE_ITEM)}, 1) AS INTEGER), NULL, NULL, NULL,
+                   TRY_CAST(regexp_extract(item, {q(TREE_ITEM)}, 6) AS INTEGER),
                    regexp_extract(item, {q(TREE_ITEM)}, 2) || '/' || regexp_extract(item, {q(TREE_ITEM)}, 3) || '/'
                    || regexp_extract(item, {q(TREE_ITEM)}, 4), NULL, NULL, line_no FROM tr
             UNION ALL
-            SELECT host, pid, dev, NULL, 'nvls', CAST(m.h AS INTEGER), NULL, NULL, NULL, NULL,
+            SELECT host, pid, dev, NULL, 'nvls', TRY_CAST(m.h AS INTEGER), NULL, NULL, NULL, NULL,
                    regexp_replace(trim(m.ranks), '\\s+', ' ', 'g'), NULL, NULL, line_no FROM nv
         )
         SELECT u.host, u.pid, u.dev AS device, coalesce(u.own_rank, dr.rank, {rank_sql}) AS rank, u.kind, u.channel,

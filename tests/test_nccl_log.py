@@ -362,3 +362,27 @@ def test_nccl_command_prints_per_communicator_summary(tmp_path):
     assert "WARN 1" in res.output
     bad = CliRunner().invoke(cli, ["nccl", "--db", str(dbp), "--job", "nope"])
     assert bad.exit_code == 2 and "no NCCL logs" in bad.output
+
+
+def test_numbers_too_large_for_64_bits_are_null_with_a_diagnostic(db, tmp_path):
+    """A 41-digit rank, device, channel or byte count (a corrupted or hostile log) was a ConversionException
+    traceback; now the line is kept with the field NULL and a 'number_out_of_range' diagnostic names the line."""
+    big = "9" * 41
+    log = tmp_path / "big.log"
+    log.write_text("\n".join([
+        f"h:1:2 [0] NCCL INFO ncclCommInitRank comm 0xaa rank {big} nranks {big} cudaDev {big} nvmlDev 0 "
+        "busId 1000 commId 0x1 - Init COMPLETE",
+        f"h:1:2 [0] NCCL INFO comm 0xaa rank {big} nRanks 2 nNodes {big} localRanks 2 localRank 0 MNNVL 0",
+        f"h:1:2 [0] NCCL INFO Channel {big}/24 : 0 1",
+        "h:1:2 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7 recvbuff 0x9 count 16 datatype 7 op 0 root 0 "
+        "comm 0xaa [nranks=2] stream 0x5",
+        f"h:1:2 [0] NCCL INFO AllReduce: {big} Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..23}}",
+        "h:1:2 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x7 recvbuff 0x9 count 16 datatype 7 op 0 root 0 "
+        "comm 0xaa [nranks=2] stream 0x5",
+    ]) + "\n")
+    r = nccl_log.load(db, log, "j")
+    assert r.status == "stored"
+    assert _n(db, "nccl_colls") == 2
+    assert db.execute("SELECT rank, nranks, nnodes FROM nccl_comms").fetchall() == [(None, 2, None)]
+    n, ex = db.execute("SELECT count, example FROM diagnostics WHERE code = 'number_out_of_range'").fetchone()
+    assert n == 4 and "big.log:1:" in ex
