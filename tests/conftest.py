@@ -27,3 +27,53 @@ def db(tmp_path):
     con = connect(tmp_path / "t.duckdb")
     yield con
     con.close()
+
+
+# ---- reference ledger results (tests/reference_totals.py): every attribution run in the tests is checked
+# against the results recorded for its inputs, or recorded with NINEFOLD_RECORD_REFERENCE=1
+_RECORDING = os.environ.get("NINEFOLD_RECORD_REFERENCE") == "1"
+_REF: dict = {}
+_REF_STATS = {"checked": 0, "recorded": 0}
+
+
+def pytest_sessionstart(session):
+    from tests import reference_totals
+
+    _REF.update(reference_totals.load())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _RECORDING and _REF_STATS["recorded"]:
+        from tests import reference_totals
+
+        reference_totals.save(_REF)
+
+
+@pytest.fixture(autouse=True)
+def _reference_ledgers(request, monkeypatch):
+    import analysis.attribution as attribution
+    from tests import reference_totals
+
+    core = attribution._attribute
+
+    def checked(con, job, recompute_pattern, io_pattern):
+        out = core(con, job, recompute_pattern, io_pattern)
+        key = reference_totals.input_key(con, job, recompute_pattern, io_pattern)
+        got = reference_totals.results(con, job)
+        if _RECORDING:
+            _REF.setdefault(key, {"test": request.node.nodeid, "job": job, **got})
+            _REF_STATS["recorded"] += 1
+        elif key in _REF:
+            diff = reference_totals.compare(_REF[key], got)
+            assert diff is None, f"job {job!r} ({_REF[key]['test']}): {diff}"
+            _REF_STATS["checked"] += 1
+        return out
+
+    monkeypatch.setattr(attribution, "_attribute", checked)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REF_STATS["checked"] or _REF_STATS["recorded"]:
+        terminalreporter.write_line(f"reference ledgers: {_REF_STATS['checked']} attribution runs reproduced the "
+                                    f"recorded results exactly, {_REF_STATS['recorded']} recorded")
