@@ -1,9 +1,10 @@
 """Charge every nanosecond of every rank's step windows to exactly one of the nine ledgers.
 
-attribute_job reads a job's GPU ops with their launch times and collective keys, decides recomputation by launch
-(_recomputed), matches collectives and aligns clocks (analysis.alignment), sweeps all ranks and windows in one
-vectorised pass (analysis.sweep, which holds the LEDGERS precedence) and stores intervals, totals, windows,
-offsets and the drill-down keys.
+attribute_job matches collectives across ranks and aligns clocks (analysis.alignment: the only cross-rank
+phase), then takes the ranks in groups: each group's GPU ops are read as plain column scans, joined to their
+launches and collective keys, sorted and swept rank by rank by the compiled core (analysis.rank_pass,
+analysis.core, which holds the LEDGERS precedence), ranks in parallel threads; intervals, totals, windows,
+offsets and the drill-down keys are stored through Arrow appends.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import numpy as np
 
 from analysis.alignment import P2P_COLLS, align
 from analysis.classify import classify_kernel
-from analysis.intervals import covered, i64 as _i64, union
+from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGERS
-from analysis.sweep import sweep_parts
+from analysis.rank_pass import (REENTRANT_HOST, RECOMPUTE_HOST, io_regions, rank_groups, read_group,  # noqa: F401
+                                recomputed, sweep_group)
 
 DDL = {
     # drill-down keys: the GPU op that the interval is charged to (for an idle/host/io/bubble gap, the op
@@ -65,19 +67,6 @@ def drilldown_sql(nccl: bool = True) -> str:
 
 DRILLDOWN_VIEW = "CREATE OR REPLACE VIEW ledger_drilldown AS" + drilldown_sql()
 
-# Recompute = the forward re-run inside backward, decided by where a kernel was launched (same thread): inside a
-# non-reentrant checkpoint's recompute_fn frame, or inside a reentrant CheckpointFunctionBackward before its inner
-# backward starts. ('CheckpointFunction' itself is the original forward, not a recomputation.)
-RECOMPUTE_HOST = "name LIKE '%recompute_fn%'"
-REENTRANT_HOST = "name LIKE '%CheckpointFunctionBackward%'"
-IO_HOST = ("name LIKE 'enumerate(DataLoader)%' OR name LIKE '%DataLoader%__next__%' OR name IN "
-           "('torch.load', 'torch.save', 'aten::save', 'aten::load') OR name LIKE '%checkpoint_save%' "
-           "OR name LIKE '%save_checkpoint%'")
-# autograd nodes; inside a reentrant checkpoint node, a nested one is the layer's real backward, not recompute
-NESTED_BACKWARD = ("name LIKE 'autograd::engine::evaluate_function:%' "
-                   "AND name NOT LIKE '%CheckpointFunctionBackward%'")
-
-
 def _ensure_tables(con):
     for t, cols in DDL.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
@@ -109,44 +98,6 @@ def _store_keys(con, job: str, knames: list, rules: list) -> None:
                     "unnest(?::INTEGER[]), unnest(?::VARCHAR[])",
                     [job, names, [groups[n]["desc"] for n in names], [groups[n]["size"] for n in names],
                      [groups[n]["axis"] for n in names]])
-
-
-def _recomputed(con, job, allops, pattern=None):
-    """Per op: launched (on its launching thread) inside a recompute region. Regions: non-reentrant recompute_fn
-    frames, whole; a reentrant CheckpointFunctionBackward (or a region of the user's pattern) up to the start of
-    the first autograd node nested in it on the same thread (its inner backward)."""
-    extra = " OR regexp_matches(name, ?)" if pattern is not None else ""
-    reg = con.execute(f"""
-        WITH rc AS (
-            -- a user's region is read like a reentrant checkpoint: up to the autograd node nested in it
-            SELECT rank, pid, tid, start_ns, end_ns, NOT ({RECOMPUTE_HOST}) AS reentrant FROM host_ops
-            WHERE job = ? AND ({RECOMPUTE_HOST} OR {REENTRANT_HOST}{extra})
-        ), nb AS (
-            SELECT rank, pid, tid, start_ns FROM host_ops WHERE job = ? AND {NESTED_BACKWARD}
-                AND (rank, pid, tid) IN (SELECT (rank, pid, tid) FROM rc WHERE reentrant)
-        )
-        SELECT rc.rank, (hash(rc.pid, rc.tid) >> 1)::BIGINT AS th, rc.start_ns,
-               CASE WHEN rc.reentrant THEN least(rc.end_ns, coalesce(min(nb.start_ns), rc.end_ns))
-                    ELSE rc.end_ns END AS end_ns
-        FROM rc LEFT JOIN nb ON rc.reentrant AND nb.rank = rc.rank AND nb.pid = rc.pid AND nb.tid = rc.tid
-                            AND nb.start_ns > rc.start_ns AND nb.start_ns < rc.end_ns
-        GROUP BY rc.rank, rc.pid, rc.tid, rc.start_ns, rc.end_ns, rc.reentrant
-        ORDER BY 1, 2""", [job] + ([pattern] if pattern is not None else []) + [job]).fetchnumpy()
-    op_rank = _i64(allops["rank"])
-    out = np.zeros(op_rank.size, dtype=bool)
-    if len(reg["rank"]) == 0 or op_rank.size == 0:
-        return out
-    rr, rth = _i64(reg["rank"]), _i64(reg["th"])
-    rs, re_ = _i64(reg["start_ns"]), _i64(reg["end_ns"])
-    lth, vl = _i64(allops["lth"]), _i64(allops["launch_ns"])
-    key = np.concatenate(([True], (rr[1:] != rr[:-1]) | (rth[1:] != rth[:-1])))
-    bounds = np.append(np.flatnonzero(key), rr.size)
-    for a, b in zip(bounds[:-1], bounds[1:]):  # one pass per (rank, thread) that has regions
-        lo, hi = np.searchsorted(op_rank, [rr[a], rr[a] + 1])
-        sel = np.flatnonzero(lth[lo:hi] == rth[a]) + lo
-        if sel.size:
-            out[sel] = covered(vl[sel], *union(rs[a:b], re_[a:b]))
-    return out
 
 
 def check_pattern(what: str, pat: str | None) -> None:
@@ -213,84 +164,82 @@ def _attribute(con, job, recompute_pattern, io_pattern) -> dict:
                                           "AND pg_name IS NOT NULL ORDER BY 1", [job]).fetchall()]
     con.register("_pgs", pa.table({"pgid": pa.array(range(len(pg_names)), pa.int32()),
                                    "pg_name": pa.array(pg_names, pa.string())}))
-    allops = con.execute(f"""
-        WITH launch AS (
-            SELECT rank, correlation, min(start_ns) AS launch_ns,
-                   arg_min(hash(pid, tid) >> 1, start_ns)::BIGINT AS lth FROM host_ops
-            WHERE job = ? AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-            GROUP BY rank, correlation
-        )
-        , ck AS (  -- one collective key per comm kernel (rank, start, kernel name): a batched send/recv
-                   -- kernel carries several; the drill-down names the one of lowest (seq, group)
-            SELECT k.rank, k.start_ns, k.kernel_name, arg_min(p.pgid, [k.seq, p.pgid]) AS pgid,
-                   min(k.seq) AS seq, bool_and(lower(k.coll) IN {P2P_COLLS}) AS p2p
-            FROM collectives k LEFT JOIN _pgs p ON p.pg_name = k.pg_name
-            WHERE k.job = ? AND k.source = 'kernel' GROUP BY ALL
-        )
-        SELECT g.rank, CASE WHEN g.kind = 'kernel' THEN coalesce(c.fam, 0) ELSE 2 END AS fam,
-               -- a send/recv kernel is point-to-point unless the collective it carries is not (all-to-all)
-               coalesce(ck.p2p, c.p2p, false) AND g.kind = 'kernel' AS p2p,
-               g.start_ns, g.end_ns, coalesce(l.launch_ns, g.start_ns) AS launch_ns,
-               coalesce(c.kid, -1) AS kid, coalesce(ck.pgid, -1) AS pgid, coalesce(ck.seq, -1) AS seq,
-               coalesce(l.lth, -1) AS lth
-        FROM gpu_ops g LEFT JOIN launch l ON l.correlation = g.correlation AND l.rank = g.rank
-        LEFT JOIN _kclass c ON c.name = g.name
-        LEFT JOIN ck ON ck.rank = g.rank AND ck.start_ns = g.start_ns AND ck.kernel_name = g.name
-        WHERE g.job = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
-        ORDER BY g.rank, g.start_ns, coalesce(l.launch_ns, g.start_ns), g.end_ns, fam, kid, g.stream, pgid, seq""", [job, job, job]).fetchnumpy()
-    allops["re"] = _recomputed(con, job, allops, recompute_pattern)
-    del allops["lth"]
-    hosts = {}
-    for key, where, pat in (("io", IO_HOST, io_pattern),):
-        extra = " OR regexp_matches(name, ?)" if pat is not None else ""
-        h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND ({where}{extra}) "
-                        "ORDER BY rank", [job] + ([pat] if pat is not None else [])).fetchnumpy()
-        hosts[key] = (np.asarray(h["rank"], dtype=np.int64), np.asarray(h["start_ns"], dtype=np.int64),
-                      np.asarray(h["end_ns"], dtype=np.int64))
-    all_steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
-                            [job]).fetchnumpy()
-    t_read = time.perf_counter()
-    # as many sweep threads as the connection lets DuckDB use (a batch worker runs with one), at most two
-    threads = int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
-    out = sweep_parts(allops, hosts, all_steps, waits, matched_keys, parts=max(1, min(2, threads)))
-    t_sweep = time.perf_counter()
-    unmatched_total = out["unmatched"]
-    nw = out["win_rank"].size
-    n_intervals = int(out["lab"].size)
-    if nw:
-        con.register("_sw", pa.table({"job": pa.array([job] * nw, pa.string()), "rank": out["win_rank"],
-                                      "step": out["win_step"], "start_ns": out["w0"], "end_ns": out["w1"]}))
-        con.execute("INSERT INTO step_windows SELECT * FROM _sw")
-        con.unregister("_sw")
-
-        def named(codes, names):
-            # -1 = no name; dictionary-encoded, so no join and no per-row string is built here
-            codes = np.asarray(codes, dtype=np.int32)
-            return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
-
-        seq = out["seq"]
-        con.register("_li", pa.table({
-            "rank": out["rank"], "step": out["step"], "ledger": named(out["lab"], list(LEDGERS)),
-            "start_ns": out["start"], "end_ns": out["end"], "op_name": named(out["kid"], knames),
-            "pg_name": named(out["pgid"], pg_names), "seq": pa.array(seq, mask=seq < 0)}))
-        # produced rank by rank, window by window, in time order: already sorted for range scans
-        con.execute("""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
-            SELECT ?, * FROM _li""", [job])
-        con.unregister("_li")
-        nl = len(LEDGERS)
-        con.register("_lt", pa.table({
-            "job": pa.array([job] * (nw * nl), pa.string()), "rank": np.repeat(out["win_rank"], nl),
-            "step": np.repeat(out["win_step"], nl),
-            "ledger": named(np.tile(np.arange(nl, dtype=np.int32), nw), list(LEDGERS)),
-            "ns": out["totals"].reshape(-1)}))
-        con.execute("INSERT INTO ledger_totals SELECT * FROM _lt")
-        con.unregister("_lt")
+    fam_of = np.array([1 if r[0] == "comm" else 0 for r in rules], dtype=np.int8)
+    p2p_of = np.array([r[1] == "sendrecv" for r in rules], dtype=bool)
+    # as many threads as the connection lets DuckDB use (a batch worker runs with one), at most two
+    threads = max(1, min(2, int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])))
+    steps = con.execute("SELECT rank, step, start_ns, end_ns FROM steps WHERE job = ? ORDER BY rank, step",
+                        [job]).fetchnumpy()
+    secs = {"read": 0.0, "sweep": 0.0, "write": 0.0}
+    unmatched_total = n_intervals = n_windows = 0
+    for lo, hi in rank_groups(con, job):
+        t = time.perf_counter()
+        allops = read_group(con, job, lo, hi, fam_of, p2p_of, threads)
+        allops["re"] = recomputed(con, job, allops, recompute_pattern)
+        io = io_regions(con, job, lo, hi, io_pattern)
+        t1 = time.perf_counter()
+        out = sweep_group(allops, io, _rows(steps, lo, hi), {k: _rows(v, lo, hi) for k, v in waits.items()},
+                          _rows(matched_keys, lo, hi), threads)
+        del allops
+        t2 = time.perf_counter()
+        unmatched_total += out["unmatched"]
+        n_intervals += int(out["lab"].size)
+        n_windows += int(out["win_rank"].size)
+        _write(con, job, out, knames, pg_names)
+        secs["read"] += t1 - t
+        secs["sweep"] += t2 - t1
+        secs["write"] += time.perf_counter() - t2
     con.unregister("_kclass")
     con.unregister("_pgs")
     if unmatched_total:
         con.execute("INSERT INTO diagnostics VALUES (?, NULL, 'attribution', 'unmatched_comm', ?, ?)",
                     [job, unmatched_total, f"comm kernels with no peer trace (world {world}); charged to exposed_comm"])
-    t_end = time.perf_counter()
-    return {"intervals": n_intervals, "totals": nw * len(LEDGERS), "offsets": offsets,
-            "seconds": {"align": t_align - t0, "read": t_read - t_align, "sweep": t_sweep - t_read,
-                        "write": t_end - t_sweep}}
+    return {"intervals": n_intervals, "totals": n_windows * len(LEDGERS), "offsets": offsets,
+            "seconds": {"align": t_align - t0, **secs}}
+
+
+def _rows(cols, lo, hi):
+    """The rows of ranks LO..HI of a column dict / tuple whose first (or "rank") column is the rank."""
+    if isinstance(cols, dict):
+        r = _i64(cols["rank"])
+        m = (r >= lo) & (r <= hi)
+        return {k: np.asarray(v)[m] for k, v in cols.items()}
+    r = _i64(cols[0])
+    m = (r >= lo) & (r <= hi)
+    return tuple(_i64(c)[m] for c in cols)
+
+
+def _write(con, job, out, knames, pg_names):
+    """step_windows, ledger_intervals and ledger_totals rows of one group of ranks, each one Arrow append."""
+    import pyarrow as pa
+
+    nw = out["win_rank"].size
+    if not nw:
+        return
+    con.register("_sw", pa.table({"job": pa.array([job] * nw, pa.string()), "rank": out["win_rank"],
+                                  "step": out["win_step"], "start_ns": out["w0"], "end_ns": out["w1"]}))
+    con.execute("INSERT INTO step_windows SELECT * FROM _sw")
+    con.unregister("_sw")
+
+    def named(codes, names):
+        # -1 = no name; dictionary-encoded, so no join and no per-row string is built here
+        codes = np.asarray(codes, dtype=np.int32)
+        return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
+
+    seq = out["seq"]
+    con.register("_li", pa.table({
+        "rank": out["rank"], "step": out["step"], "ledger": named(out["lab"], list(LEDGERS)),
+        "start_ns": out["start"], "end_ns": out["end"], "op_name": named(out["kid"], knames),
+        "pg_name": named(out["pgid"], pg_names), "seq": pa.array(seq, mask=seq < 0)}))
+    # produced rank by rank, window by window, in time order: already sorted for range scans
+    con.execute("""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
+        SELECT ?, * FROM _li""", [job])
+    con.unregister("_li")
+    nl = len(LEDGERS)
+    con.register("_lt", pa.table({
+        "job": pa.array([job] * (nw * nl), pa.string()), "rank": np.repeat(out["win_rank"], nl),
+        "step": np.repeat(out["win_step"], nl),
+        "ledger": named(np.tile(np.arange(nl, dtype=np.int32), nw), list(LEDGERS)),
+        "ns": out["totals"].reshape(-1)}))
+    con.execute("INSERT INTO ledger_totals SELECT * FROM _lt")
+    con.unregister("_lt")

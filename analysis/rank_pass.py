@@ -1,0 +1,237 @@
+"""The per-rank phase of attribution: read a group of ranks' ops as plain column scans, join and sort each rank
+(analysis.core.prepare_rank), mark recomputation, and sweep each rank's windows (analysis.core.sweep_rank),
+ranks in parallel threads. Cross-rank facts (waits, matched collectives) come in from analysis.alignment.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from analysis.alignment import P2P_COLLS
+from analysis.core import NL, prepare_rank, sweep_rank
+from analysis.intervals import covered, i64 as _i64, union
+
+GROUP_OPS = 4_000_000  # ops read and swept at once: bounds the working memory (~200 B per op)
+
+# Recompute = the forward re-run inside backward, decided by where a kernel was launched (same thread): inside a
+# non-reentrant checkpoint's recompute_fn frame, or inside a reentrant CheckpointFunctionBackward before its inner
+# backward starts. ('CheckpointFunction' itself is the original forward, not a recomputation.)
+RECOMPUTE_HOST = "name LIKE '%recompute_fn%'"
+REENTRANT_HOST = "name LIKE '%CheckpointFunctionBackward%'"
+IO_HOST = ("name LIKE 'enumerate(DataLoader)%' OR name LIKE '%DataLoader%__next__%' OR name IN "
+           "('torch.load', 'torch.save', 'aten::save', 'aten::load') OR name LIKE '%checkpoint_save%' "
+           "OR name LIKE '%save_checkpoint%'")
+# autograd nodes; inside a reentrant checkpoint node, a nested one is the layer's real backward, not recompute
+NESTED_BACKWARD = ("name LIKE 'autograd::engine::evaluate_function:%' "
+                   "AND name NOT LIKE '%CheckpointFunctionBackward%'")
+
+
+def rank_groups(con, job: str, max_ops: int = GROUP_OPS) -> list[tuple[int, int]]:
+    """Consecutive ranks [lo, hi] of JOB's GPU ops, no group over MAX_OPS ops unless one rank alone is."""
+    counts = con.execute("SELECT rank, count(*) FROM gpu_ops WHERE job = ? AND kind IN ('kernel', 'memcpy', "
+                         "'memset') GROUP BY rank ORDER BY rank", [job]).fetchall()
+    groups, lo, n = [], None, 0
+    for r, c in counts:
+        if lo is not None and n + c > max_ops:
+            groups.append((lo, prev))
+            lo, n = None, 0
+        if lo is None:
+            lo = r
+        n += c
+        prev = r
+    if lo is not None:
+        groups.append((lo, prev))
+    return groups
+
+
+def _bounds(rank, ranks):
+    """rank sorted; the [a, b) slice of each of RANKS."""
+    return np.searchsorted(rank, ranks, side="left"), np.searchsorted(rank, ranks, side="right")
+
+
+def _by_rank(rank):
+    rank = _i64(rank)
+    o = np.argsort(rank, kind="stable")
+    return o, rank[o]
+
+
+def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
+    """The ops of ranks LO..HI as one sorted table (rank, then prepare_rank's order): rank, fam, p2p, start_ns,
+    end_ns, launch_ns, kid, pgid, seq, lth."""
+    g = con.execute("""
+        SELECT g.rank, g.start_ns, g.end_ns, coalesce(g.correlation, 0) AS corr, g.correlation IS NOT NULL AS hc,
+               coalesce(g.stream, 9223372036854775807) AS stream,
+               (CASE g.kind WHEN 'kernel' THEN 0 WHEN 'memcpy' THEN 1 ELSE 2 END)::TINYINT AS kind,
+               coalesce(c.kid, -1)::BIGINT AS kid
+        FROM gpu_ops g LEFT JOIN _kclass c ON c.name = g.name
+        WHERE g.job = ? AND g.rank BETWEEN ? AND ? AND g.kind IN ('kernel', 'memcpy', 'memset')""",
+                    [job, lo, hi]).fetchnumpy()
+    h = con.execute("""
+        SELECT rank, correlation, start_ns, (hash(pid, tid) >> 1)::BIGINT AS th FROM host_ops
+        WHERE job = ? AND rank BETWEEN ? AND ? AND cat IN ('cuda_runtime', 'cuda_driver')
+              AND correlation IS NOT NULL""", [job, lo, hi]).fetchnumpy()
+    # one collective key per comm kernel (rank, start, kernel): a batched send/recv kernel carries several; the
+    # drill-down names the one of lowest (seq, group); p2p unless the collective it carries is not (all-to-all)
+    ck = con.execute(f"""
+        SELECT k.rank, k.start_ns, c.kid::BIGINT AS kid, coalesce(arg_min(p.pgid, [k.seq, p.pgid]), -1)::BIGINT AS pgid,
+               coalesce(min(k.seq), -1)::BIGINT AS seq,
+               coalesce(bool_and(lower(k.coll) IN {P2P_COLLS})::TINYINT, -1)::TINYINT AS p2p
+        FROM collectives k JOIN _kclass c ON c.name = k.kernel_name LEFT JOIN _pgs p ON p.pg_name = k.pg_name
+        WHERE k.job = ? AND k.rank BETWEEN ? AND ? AND k.source = 'kernel' GROUP BY ALL
+        ORDER BY k.rank, k.start_ns, kid""", [job, lo, hi]).fetchnumpy()
+    go, grank = _by_rank(g["rank"])
+    ranks = np.unique(grank)
+    cols = {k: np.asarray(g[k])[go] for k in ("start_ns", "end_ns", "corr", "hc", "stream", "kind", "kid")}
+    ho, hrank = _by_rank(h["rank"])
+    hcols = [np.asarray(h[k], dtype=np.int64)[ho] for k in ("correlation", "start_ns", "th")]
+    crank = _i64(ck["rank"])
+    ccols = [_i64(ck[k]) for k in ("start_ns", "kid", "pgid", "seq")] + [np.asarray(ck["p2p"], dtype=np.int8)]
+    ga, gb = _bounds(grank, ranks)
+    ha, hb = _bounds(hrank, ranks)
+    ca, cb = _bounds(crank, ranks)
+    start, end = _i64(cols["start_ns"]), _i64(cols["end_ns"])
+    corr, hc = _i64(cols["corr"]), np.asarray(cols["hc"], dtype=bool)
+    stream, kind, kid = _i64(cols["stream"]), np.asarray(cols["kind"], dtype=np.int8), _i64(cols["kid"])
+
+    def one(i):
+        a, b = ga[i], gb[i]
+        x, y = ha[i], hb[i]
+        u, v = ca[i], cb[i]
+        return prepare_rank(start[a:b], end[a:b], corr[a:b], hc[a:b], stream[a:b], kind[a:b], kid[a:b],
+                            fam_of, p2p_of, *(c[x:y] for c in hcols), *(c[u:v] for c in ccols))
+
+    outs = _map(one, range(ranks.size), threads)
+    n = start.size
+    res = {"rank": grank.astype(np.int32), "start_ns": np.empty(n, np.int64), "end_ns": np.empty(n, np.int64),
+           "kid": np.empty(n, np.int64)}
+    parts = {k: [] for k in ("launch_ns", "lth", "fam", "p2p", "pgid", "seq")}
+    for i, (o, launch, lth, fam, p2p, pgid, seq) in enumerate(outs):
+        a, b = ga[i], gb[i]
+        res["start_ns"][a:b] = start[a:b][o]
+        res["end_ns"][a:b] = end[a:b][o]
+        res["kid"][a:b] = kid[a:b][o]
+        for k, val in zip(parts, (launch, lth, fam, p2p, pgid, seq)):
+            parts[k].append(val)
+    for k, dt in (("launch_ns", np.int64), ("lth", np.int64), ("fam", np.int8), ("p2p", bool), ("pgid", np.int64),
+                  ("seq", np.int64)):
+        res[k] = np.concatenate(parts[k]) if parts[k] else np.zeros(0, dt)
+    return res
+
+
+def _map(f, items, threads):
+    items = list(items)
+    if threads < 2 or len(items) < 2:
+        return [f(i) for i in items]
+    with ThreadPoolExecutor(threads) as ex:
+        return list(ex.map(f, items))
+
+
+def recomputed(con, job, allops, pattern=None):
+    """Per op: launched (on its launching thread) inside a recompute region. Regions: non-reentrant recompute_fn
+    frames, whole; a reentrant CheckpointFunctionBackward (or a region of the user's pattern) up to the start of
+    the first autograd node nested in it on the same thread (its inner backward)."""
+    op_rank = _i64(allops["rank"])
+    out = np.zeros(op_rank.size, dtype=bool)
+    if op_rank.size == 0:
+        return out
+    extra = " OR regexp_matches(name, ?)" if pattern is not None else ""
+    lo, hi = int(op_rank[0]), int(op_rank[-1])
+    reg = con.execute(f"""
+        WITH rc AS (
+            -- a user's region is read like a reentrant checkpoint: up to the autograd node nested in it
+            SELECT rank, pid, tid, start_ns, end_ns, NOT ({RECOMPUTE_HOST}) AS reentrant FROM host_ops
+            WHERE job = ? AND rank BETWEEN ? AND ? AND ({RECOMPUTE_HOST} OR {REENTRANT_HOST}{extra})
+        ), nb AS (
+            SELECT rank, pid, tid, start_ns FROM host_ops WHERE job = ? AND {NESTED_BACKWARD}
+                AND (rank, pid, tid) IN (SELECT (rank, pid, tid) FROM rc WHERE reentrant)
+        )
+        SELECT rc.rank, (hash(rc.pid, rc.tid) >> 1)::BIGINT AS th, rc.start_ns,
+               CASE WHEN rc.reentrant THEN least(rc.end_ns, coalesce(min(nb.start_ns), rc.end_ns))
+                    ELSE rc.end_ns END AS end_ns
+        FROM rc LEFT JOIN nb ON rc.reentrant AND nb.rank = rc.rank AND nb.pid = rc.pid AND nb.tid = rc.tid
+                            AND nb.start_ns > rc.start_ns AND nb.start_ns < rc.end_ns
+        GROUP BY rc.rank, rc.pid, rc.tid, rc.start_ns, rc.end_ns, rc.reentrant
+        ORDER BY 1, 2""", [job, lo, hi] + ([pattern] if pattern is not None else []) + [job]).fetchnumpy()
+    if len(reg["rank"]) == 0:
+        return out
+    rr, rth = _i64(reg["rank"]), _i64(reg["th"])
+    rs, re_ = _i64(reg["start_ns"]), _i64(reg["end_ns"])
+    lth, vl = _i64(allops["lth"]), _i64(allops["launch_ns"])
+    key = np.concatenate(([True], (rr[1:] != rr[:-1]) | (rth[1:] != rth[:-1])))
+    bounds = np.append(np.flatnonzero(key), rr.size)
+    for a, b in zip(bounds[:-1], bounds[1:]):  # one pass per (rank, thread) that has regions
+        lo, hi = np.searchsorted(op_rank, [rr[a], rr[a] + 1])
+        sel = np.flatnonzero(lth[lo:hi] == rth[a]) + lo
+        if sel.size:
+            out[sel] = covered(vl[sel], *union(rs[a:b], re_[a:b]))
+    return out
+
+
+def io_regions(con, job, lo, hi, pattern=None):
+    """(rank, start, end) of the host's data-loading / storage regions of ranks LO..HI, sorted by rank."""
+    extra = " OR regexp_matches(name, ?)" if pattern is not None else ""
+    h = con.execute(f"SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND rank BETWEEN ? AND ? "
+                    f"AND ({IO_HOST}{extra}) ORDER BY rank",
+                    [job, lo, hi] + ([pattern] if pattern is not None else [])).fetchnumpy()
+    return _i64(h["rank"]), _i64(h["start_ns"]), _i64(h["end_ns"])
+
+
+def sweep_group(allops, io, steps, waits, matched_keys, threads):
+    """sweep_rank over every rank of ALLOPS (sorted by rank as read_group leaves it); results joined in rank
+    order: windows (win_rank, win_step, w0, w1, totals [window, ledger]) and coalesced intervals (rank, step,
+    lab, start, end, kid, pgid, seq; -1 = none), and the count of comm kernels with no peer."""
+    op_rank = _i64(allops["rank"])
+    ranks = np.unique(op_rank)
+    oa, ob = _bounds(op_rank, ranks)
+    s, e, launch = allops["start_ns"], allops["end_ns"], allops["launch_ns"]
+    fam, re_, p2p = allops["fam"], allops["re"], allops["p2p"]
+
+    def per_rank(rank_arr, *cols):
+        o, r = _by_rank(rank_arr)
+        a, b = _bounds(r, ranks)
+        return a, b, [_i64(c)[o] for c in cols]
+    ia, ib, (io_s, io_e) = per_rank(io[0], io[1], io[2])
+    sa, sb, (st_s, st_e, st_id) = per_rank(steps["rank"], steps["start_ns"], steps["end_ns"], steps["step"])
+    wsa, wsb, (ws_s, ws_e) = per_rank(waits["straggler"][0], waits["straggler"][1], waits["straggler"][2])
+    wba, wbb, (wb_s, wb_e) = per_rank(waits["bubble"][0], waits["bubble"][1], waits["bubble"][2])
+    mo = np.lexsort((_i64(matched_keys[1]), _i64(matched_keys[0])))
+    mr, ms = _i64(matched_keys[0])[mo], _i64(matched_keys[1])[mo]
+    ma, mb = _bounds(mr, ranks)
+
+    def one(i):
+        a, b = oa[i], ob[i]
+        return sweep_rank(s[a:b], e[a:b], launch[a:b], fam[a:b], re_[a:b], p2p[a:b],
+                          io_s[ia[i]:ib[i]], io_e[ia[i]:ib[i]], ws_s[wsa[i]:wsb[i]], ws_e[wsa[i]:wsb[i]],
+                          wb_s[wba[i]:wbb[i]], wb_e[wba[i]:wbb[i]], st_s[sa[i]:sb[i]], st_e[sa[i]:sb[i]],
+                          st_id[sa[i]:sb[i]], ms[ma[i]:mb[i]])
+
+    outs = _map(one, range(ranks.size), threads)
+    kid, pgid, seq = allops["kid"], allops["pgid"], allops["seq"]
+    win = {k: [] for k in ("win_rank", "win_step", "w0", "w1", "totals")}
+    iv = {k: [] for k in ("rank", "step", "lab", "start", "end", "kid", "pgid", "seq")}
+    unmatched = 0
+    for i, (w0, w1, wid, tot, o_s, o_e, o_l, o_op, o_w, unm) in enumerate(outs):
+        unmatched += unm
+        r = int(ranks[i])
+        win["win_rank"].append(np.full(w0.size, r, np.int32))
+        win["win_step"].append(wid.astype(np.int32))
+        win["w0"].append(w0)
+        win["w1"].append(w1)
+        win["totals"].append(tot)
+        g = o_op + oa[i]
+        has = o_op >= 0
+        gc = np.where(has, g, 0)
+        iv["rank"].append(np.full(o_s.size, r, np.int32))
+        iv["step"].append(wid[o_w].astype(np.int32))
+        iv["lab"].append(o_l)
+        iv["start"].append(o_s)
+        iv["end"].append(o_e)
+        for k, col in (("kid", kid), ("pgid", pgid), ("seq", seq)):
+            iv[k].append(np.where(has, col[gc], -1) if col.size else np.full(o_s.size, -1, np.int64))
+    dt = {"win_rank": np.int32, "win_step": np.int32, "rank": np.int32, "step": np.int32, "lab": np.int8}
+    res = {"unmatched": unmatched}
+    for d in (win, iv):
+        for k, v in d.items():
+            res[k] = np.concatenate(v) if v else np.zeros((0, NL) if k == "totals" else 0, dt.get(k, np.int64))
+    return res
