@@ -23,6 +23,15 @@ _jit = nb.njit(cache=True, nogil=True)
 
 
 @_jit
+def _stable_order(a):
+    """np.argsort(a, kind="mergesort"), without the sort when A is already in order (the common case)."""
+    for i in range(1, a.size):
+        if a[i] < a[i - 1]:
+            return np.argsort(a, kind="mergesort")
+    return np.arange(a.size)
+
+
+@_jit
 def _less(a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6):
     if a0 != b0:
         return a0 < b0
@@ -48,7 +57,7 @@ def prepare_rank(start, end, corr, has_corr, stream, kind, kid, fam_of, p2p_of,
     (start, kernel id), sorted by them; c_p2p -1 = unknown."""
     n = start.size
     # launches: earliest call per correlation
-    ho = np.argsort(h_corr, kind="mergesort")
+    ho = _stable_order(h_corr)
     hc = h_corr[ho]
     m = hc.size
     uc = np.empty(m, np.int64)
@@ -103,7 +112,7 @@ def prepare_rank(start, end, corr, has_corr, stream, kind, kid, fam_of, p2p_of,
             pp = 1 if (kd >= 0 and p2p_of[kd]) else 0
         p2p[i] = pp == 1 and kind[i] == 0
     # order: stable by start, then each run of equal starts by the remaining keys (runs are short)
-    o = np.argsort(start, kind="mergesort")
+    o = _stable_order(start)
     a = 0
     while a < n:
         b = a + 1
@@ -131,7 +140,7 @@ def _union(s, e):
     keep = np.flatnonzero(e > s)
     ks = s[keep]
     ke = e[keep]
-    o = np.argsort(ks, kind="mergesort")
+    o = _stable_order(ks)
     return _merge_sorted(ks[o], ke[o])
 
 
@@ -203,7 +212,7 @@ def sweep_rank(s, e, launch, fam, re, p2p, io_s, io_e, ws_s, ws_e, wb_s, wb_e, s
     # next step's work (the last step: to its last GPU end); a rank without steps is one window
     ns_ = st_s.size
     if ns_:
-        so = np.argsort(st_s, kind="mergesort")
+        so = _stable_order(st_s)
         ss_ = st_s[so]
         se_ = st_e[so]
         first = np.full(ns_, I64_MAX, np.int64)

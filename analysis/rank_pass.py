@@ -51,8 +51,13 @@ def _bounds(rank, ranks):
 
 
 def _by_rank(rank):
+    """The stable order of RANK, and RANK in it (no sort when already in order; a radix sort on 16 bits)."""
     rank = _i64(rank)
-    o = np.argsort(rank, kind="stable")
+    if rank.size < 2 or bool(np.all(rank[1:] >= rank[:-1])):
+        return np.arange(rank.size), rank
+    lo = int(rank.min())
+    key = rank - lo if int(rank.max()) - lo < 65536 else rank
+    o = np.argsort(key.astype(np.uint16) if key is not rank else key, kind="stable")
     return o, rank[o]
 
 
