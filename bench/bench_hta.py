@@ -1,7 +1,7 @@
 """ninefold attribute against Holistic Trace Analysis 0.5's temporal breakdown, side by side on one generated
 16-rank job.
 
-    python bench/bench_hta.py [--ranks 16] [--target-mb 8] [--repeat 3]
+    python bench/bench_hta.py [--ranks 16] [--target-mb 32] [--repeat 3]
 
 HTA is installed by this script into its own environment (bench/.venv-hta; never a dependency of ninefold).
 Both tools load the same Kineto files first, untimed for the comparison (ninefold: ingest into a DuckDB file;
@@ -50,7 +50,7 @@ def hta_python():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=16)
-    ap.add_argument("--target-mb", type=int, default=8)
+    ap.add_argument("--target-mb", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     py = hta_python()
