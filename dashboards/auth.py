@@ -83,6 +83,15 @@ def make_provider(creds: Credentials) -> AuthProvider:
             user = raw.decode() if raw else None
         return user
 
+    def refuse(handler):
+        handler.set_status(401)
+        if creds.basic:
+            handler.set_header("WWW-Authenticate", 'Basic realm="ninefold", charset="UTF-8"')
+            handler.finish("401: ninefold needs a user name and password\n")
+        else:
+            handler.finish("401: ninefold needs the server's token: open the page as /?token=T or send "
+                           "'Authorization: Bearer T'\n")
+
     class LoginHandler(RequestHandler):
         def get(self):
             user = creds.check_header(self.request.headers.get("Authorization")) or creds.check_query_token(self)
@@ -90,15 +99,11 @@ def make_provider(creds: Credentials) -> AuthProvider:
                 self.set_secure_cookie(COOKIE, user, httponly=True, samesite="Strict")
                 self.redirect(_safe_next(self.get_query_argument("next", None)))
                 return
-            self.set_status(401)
-            if creds.basic:
-                self.set_header("WWW-Authenticate", 'Basic realm="ninefold", charset="UTF-8"')
-                self.finish("401: ninefold needs a user name and password\n")
-            else:
-                self.finish("401: ninefold needs the server's token: open the page as /?token=T or send "
-                            "'Authorization: Bearer T'\n")
+            refuse(self)
 
     class Provider(AuthProvider):
+        deny = staticmethod(refuse)
+
         @property
         def get_user(self):
             return get_user
@@ -112,3 +117,30 @@ def make_provider(creds: Credentials) -> AuthProvider:
             return LoginHandler
 
     return Provider()
+
+
+def guard_every_route(app, provider: AuthProvider) -> int:
+    """Make every route of the Tornado APP ask for the user, static files and the websocket included: Bokeh
+    checks only its page and websocket routes, and serves its and Panel's static files to anyone. The login
+    route stays open. Returns how many routes were wrapped."""
+    get_user, login, deny = provider.get_user, provider.login_handler, provider.deny
+    n = 0
+    for rule in app.wildcard_router.rules:
+        target = rule.target
+        if not (isinstance(target, type) and issubclass(target, RequestHandler)) or target is login:
+            continue
+        rule.target = _guarded(target, get_user, deny)
+        n += 1
+    return n
+
+
+def _guarded(cls, get_user, deny):
+    class Guarded(cls):
+        def prepare(self):
+            if get_user(self) is None:
+                deny(self)
+                return None
+            return super().prepare()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{cls.__name__}"
+    return Guarded

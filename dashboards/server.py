@@ -55,7 +55,7 @@ def run_server(cfg: ServeConfig) -> None:
     import panel as pn
 
     from dashboards.app import CHUNK_BYTES, make_app
-    from dashboards.auth import Credentials, make_provider
+    from dashboards.auth import Credentials, guard_every_route, make_provider
     from dashboards.uploads import UploadStore, Writer
     from store.connection import connect
 
@@ -73,6 +73,11 @@ def run_server(cfg: ServeConfig) -> None:
     print(f"ninefold serving {db} at http://{cfg.host}:{cfg.port}/ "
           f"(auth: {'token' if cfg.token else 'basic' if cfg.basic_auth else 'none'}; uploads in {store.root})",
           flush=True)
-    pn.serve({"/": make_app(db, store, writer, cfg.max_upload_bytes)}, port=cfg.port, address=cfg.host,
-             show=False, title="ninefold", websocket_origin=origins, cookie_secret=secrets.token_hex(32),
-             websocket_max_message_size=CHUNK_BYTES * 2 + (1 << 20), threaded=False, **kwargs)
+    server = pn.serve({"/": make_app(db, store, writer, cfg.max_upload_bytes)}, port=cfg.port, address=cfg.host,
+                      show=False, title="ninefold", websocket_origin=origins, cookie_secret=secrets.token_hex(32),
+                      websocket_max_message_size=CHUNK_BYTES * 2 + (1 << 20), threaded=False, start=False,
+                      **kwargs)
+    if "auth_provider" in kwargs:
+        guard_every_route(server._tornado, kwargs["auth_provider"])
+    server.start()
+    server.io_loop.start()

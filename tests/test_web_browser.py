@@ -2,6 +2,7 @@
 server's authentication over HTTP."""
 import base64
 import io
+import re
 import socket
 import subprocess
 import sys
@@ -183,6 +184,21 @@ def test_token_auth(store, browser):
         assert _status(url + "/") in (401, 403)
         assert _status(url + "/", {"Authorization": "Bearer wrong-token"}) in (401, 403)
         assert _status(url + "/", {"Authorization": f"Bearer {TOKEN}"}) == 200
+        # every route asks: the page's own scripts and styles (Bokeh and Panel serve their static files to anyone
+        # unless told), the favicon, metadata, autoload and the websocket
+        with urllib.request.urlopen(urllib.request.Request(url + "/", headers={"Authorization": f"Bearer {TOKEN}"}),
+                                    timeout=20) as r:
+            html = r.read().decode()
+        assets = sorted({"/" + u.lstrip("./") for u in re.findall(r'(?:src|href)="([^":]+)"', html)
+                         if "static/" in u})
+        assert len(assets) >= 5 and any("bokeh" in a for a in assets), assets
+        for path in assets + ["/favicon.ico", "/metadata", "/static/js/bokeh.min.js"]:
+            assert _status(url + path, {"Authorization": f"Bearer {TOKEN}"}) == 200, path
+            assert _status(url + path) == 401, path
+            assert _status(url + path, {"Authorization": "Bearer wrong-token"}) == 401, path
+        ws = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+              "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        assert _status(url + "/ws", ws) == 401
         page = browser.new_page()
         resp = page.goto(url + "/")
         assert resp.status in (401, 403)
