@@ -242,3 +242,40 @@ def test_basic_auth_and_non_loopback_refusal(store):
         assert _status(url + "/", {"Authorization": f"Basic {good}"}) == 200
     finally:
         _stop(proc)
+
+
+def test_twenty_concurrent_uploads_all_land(browser, tmp_path):
+    """Twenty browser sessions upload a trace each at once into one server: every page ends on its own job's
+    overview, and the uploads list shows all twenty attributed, none failed."""
+    from sample_traces.alltoall2023 import generate_a2a
+
+    n = 20
+    files = []
+    for i in range(n):
+        generate_a2a(tmp_path / f"j{i}", ranks=2, steps=1, seed=100 + i)
+        files.append(tmp_path / f"j{i}" / "rank-0.json")
+    assert len({f.read_bytes() for f in files}) == n  # twenty different files (uploads are keyed by sha256)
+    proc, url = _serve(tmp_path / "c.duckdb")
+    ctx = browser.new_context()
+    try:
+        pages = []
+        for i in range(n):
+            page = ctx.new_page()
+            page.goto(f"{url}/?upload_job=c{i}")
+            page.get_by_text("Upload", exact=True).click()
+            pages.append(page)
+        for i, page in enumerate(pages):  # all twenty in flight before any is waited for
+            page.locator(".nf-tab-upload input[type=file]").set_input_files([str(files[i])])
+        for i, page in enumerate(pages):
+            page.locator(".nf-tab-overview canvas").first.wait_for(state="visible", timeout=240_000)
+            assert page.locator("select").first.input_value() == f"c{i}"
+        page = pages[0]
+        page.reload()
+        page.get_by_text("Upload", exact=True).click()
+        listing = page.locator(".nf-uploads").first
+        listing.wait_for(timeout=30_000)
+        assert listing.get_by_text("attributed", exact=True).count() == n
+        assert listing.get_by_text("failed", exact=True).count() == 0
+    finally:
+        ctx.close()
+        _stop(proc)
