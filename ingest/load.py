@@ -40,24 +40,33 @@ SIDE_FILE_BYTES = 1 << 20
 
 def side_json_reason(f: Path) -> str | None:
     """Why a JSON file met in a directory scan is a side file (a manifest, a ground truth), not a trace:
-    a whole small JSON object with no traceEvents. None for anything else, broken files included: those
+    a JSON object with no traceEvents, whatever its size (a big one: the key's bytes appear nowhere in it). None for anything else, broken files included: those
     are ingested and fail with their own clear error."""
     if not f.name.endswith((".json", ".json.gz")) or loader_for(f) is not None:
         return None      # another format's loader (a Flight Recorder JSON dump, say) takes it
+    why = 'not a Kineto trace: a JSON object with no "traceEvents" array'
     try:
         with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as fh:
             head = fh.read(SIDE_FILE_BYTES + 1)
+            if b'"traceEvents"' in head:
+                return None
+            if len(head) > SIDE_FILE_BYTES:
+                # a big object: a side file when the key is nowhere in it (read in chunks, never held whole)
+                if not head.lstrip().startswith(b"{"):
+                    return None
+                tail = head[-16:]
+                while chunk := fh.read(1 << 22):
+                    if b'"traceEvents"' in tail + chunk:
+                        return None
+                    tail = chunk[-16:]
+                return why
     except (OSError, EOFError, zlib.error):
-        return None
-    if len(head) > SIDE_FILE_BYTES or b'"traceEvents"' in head:
         return None
     try:
         doc = json.loads(head)
     except ValueError:
         return None
-    if isinstance(doc, dict):
-        return 'not a Kineto trace: a JSON object with no "traceEvents" array'
-    return None
+    return why if isinstance(doc, dict) else None
 
 
 def discover(paths: list[str | Path], skipped: list | None = None) -> list[tuple[Path, str]]:

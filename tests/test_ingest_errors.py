@@ -154,6 +154,34 @@ def test_directory_scan_skips_side_json_but_named_file_fails(tmp_path):
     assert r.exit_code == 1 and "not a Kineto trace" in r.output
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_big_side_json_is_skipped_too_whatever_its_size(tmp_path, gz):
+    """A ground truth of a long generated run is megabytes: still a side file; a big trace whose traceEvents key
+    comes after megabytes of metadata is still a trace."""
+    import gzip as gzip_
+
+    from ingest.load import discover
+
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "rank-0.json").write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": []}))
+    side = json.dumps({"steps": [{"step": i, "window_ns": [i, i + 1], "note": "x" * 40} for i in range(60_000)]})
+    late = json.dumps({"distributedInfo": {"rank": 1}, "deviceProperties": [{"pad": "y" * (3 << 20)}],
+                       "traceEvents": []})
+    assert len(side) > 3 << 20
+    for name, text in (("ground_truth.json", side), ("rank-1.json", late)):
+        if gz:
+            with gzip_.open(d / (name + ".gz"), "wt") as fh:
+                fh.write(text)
+        else:
+            (d / name).write_text(text)
+    skipped = []
+    kept = [f.name for f, _ in discover([d], skipped=skipped)]
+    ext = ".gz" if gz else ""
+    assert kept == ["rank-0.json", f"rank-1.json{ext}"]
+    assert [f.name for f, _, _ in skipped] == [f"ground_truth.json{ext}"]
+
+
 def test_side_json_left_out_by_every_directory_scan(tmp_path):
     """The shared discovery drops side JSON files, so the nightly batch does not fail a job for them."""
     from ingest.load import discover
