@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -57,15 +58,34 @@ def cli():
 @click.option("--rank", type=int, default=None, help="rank, when neither the trace nor the file name has one")
 @click.option("--replace", is_flag=True, help="overwrite a rank already stored from another file")
 @click.option("--salvage", is_flag=True, help="keep the complete events of a truncated file")
-def ingest(paths, db, job, rank, replace, salvage):
-    """Ingest trace files (or directories of per-rank files) into DB."""
-    from ingest.load import ingest_paths
+@click.option("--quiet", is_flag=True, help="print only failures and the closing count (no line per file, no bar)")
+def ingest(paths, db, job, rank, replace, salvage, quiet):
+    """Ingest trace files (or directories of per-rank files) into DB. On a terminal a progress bar counts the
+    files (failures and skips are printed above it); otherwise one line per file."""
+    from ingest.load import discover, ingest_paths
     from store.connection import connect
 
     t0 = time.perf_counter()
     con = connect(db)
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        try:
+            side = []
+            n = len(discover(list(paths), skipped=side)) + len(side)
+        except NinefoldError:
+            n = 0
+        if n > 1:
+            bar = click.progressbar(length=n, label="ingest", file=sys.stderr, show_pos=True, show_eta=True,
+                                    item_show_func=lambda p: Path(p).name if p else None)
+            bar.__enter__()
 
     def show(r):
+        if bar is not None:
+            bar.update(1, str(r.path))
+        if quiet and r.status != "failed" or bar is not None and r.status not in ("failed", "skipped"):
+            return
+        if bar is not None:
+            click.echo("\r\033[K", nl=False, err=True)
         if r.status in ("failed", "skipped"):
             click.echo(f"{r.status.upper():7s} {r.message}")
         else:
@@ -83,6 +103,9 @@ def ingest(paths, db, job, rank, replace, salvage):
     except NinefoldError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
     failed = sum(r.status == "failed" for r in results)
     stored = sum(r.status == "stored" for r in results)
     same = sum(r.status == "unchanged" for r in results)

@@ -197,3 +197,43 @@ def test_side_json_left_out_by_every_directory_scan(tmp_path):
     assert [(f.name, j) for f, j, _ in skipped] == [("ground_truth.json", "job")]
     jobs = discover_jobs(tmp_path / "root")
     assert [(j.name, [f.name for f in j.files], j.error) for j in jobs] == [("job", ["rank-0.json", "rank-1.json"], None)]
+
+
+def test_ingest_shows_a_bar_on_a_terminal_one_line_per_file_otherwise_and_quiet_silences_it(tmp_path):
+    import os
+    import pty
+
+    from conftest import ROOT
+
+    d = tmp_path / "job"
+    for r in range(3):
+        (d / f"rank-{r}.json").parent.mkdir(exist_ok=True)
+        (d / f"rank-{r}.json").write_text(json.dumps({"distributedInfo": {"rank": r, "world_size": 3},
+                                                      "traceEvents": [{"ph": "X", "cat": "kernel", "name": "k",
+                                                                       "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}))
+    (d / "ground_truth.json").write_text(json.dumps({"seed": 1}))
+    cli = [sys.executable, "-m", "service.cli", "ingest", str(d)]
+    plain = subprocess.run(cli + ["--db", str(tmp_path / "a.duckdb")], cwd=ROOT, capture_output=True, text=True)
+    lines = plain.stdout.splitlines()
+    assert plain.returncode == 0 and sum(x.startswith("STORED") for x in lines) == 3, plain.stdout
+    assert plain.stderr == ""  # no bar where nobody watches
+    quiet = subprocess.run(cli + ["--db", str(tmp_path / "b.duckdb"), "--quiet"], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert quiet.returncode == 0 and quiet.stdout.splitlines() == [quiet.stdout.strip()]
+    assert "3 stored" in quiet.stdout and "1 skipped" in quiet.stdout
+    m, s = pty.openpty()  # stderr a terminal: a bar counts the four files, the skip is still printed
+    p = subprocess.run(cli + ["--db", str(tmp_path / "c.duckdb")], cwd=ROOT, stdout=subprocess.PIPE, stderr=s)
+    os.close(s)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(m, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(m)
+    out = p.stdout.decode()
+    assert p.returncode == 0 and "SKIPPED" in out and "STORED" not in out and "3 stored" in out
+    assert b"ingest" in err and b"4/4" in err and b"5/4" not in err, err
