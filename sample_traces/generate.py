@@ -18,324 +18,12 @@ The file text is written by hand, one event per line, with ``ts``/``dur`` printe
 from __future__ import annotations
 
 import argparse
-import gzip as _gzip
 import json
 import random
 from pathlib import Path
 
-BASE_TIME_NS = 1735689600000000000
-TRUE_START_REL_NS = 2_000_000_000  # first step starts 2 s after baseTimeNanoseconds (true clock)
-FIRST_STEP = 10
-HOST_GAP_NS = 300_000
-DATALOADER_NS = 500_000
-STRAGGLER_DELAY_NS = 2_000_000
-STRAGGLER_STEP_INDEX = 1
-LAUNCH_LAT_NS = 2_500  # cudaLaunchKernel start -> earliest kernel start
-STEP_SEPARATION_NS = 10_000
-DEVICE = 0
-COMPUTE_STREAM = 7
-COMM_STREAM = 20
-MIB = 1 << 20
-
-DEVICE_PROPERTIES = (
-    '{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85899345920, '
-    '"computeMajor": 9, "computeMinor": 0, "maxThreadsPerBlock": 1024, '
-    '"maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536, "warpSize": 32, '
-    '"sharedMemPerBlock": 49152, "numSms": 132, "regsPerMultiprocessor": 65536, '
-    '"sharedMemPerBlockOptin": 232448, "sharedMemPerMultiprocessor": 233472, '
-    '"maxSharedMemoryPerMultiProcessor": 233472}'
-)
-
-# ---------------------------------------------------------------- kernel catalogue
-GEMM_H100 = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"
-             "_execute_segment_k_off_kernel__5x_cublas")
-GEMM_AMPERE = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn"
-FLASH_FWD = ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
-             "cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, "
-             "false, true, false, false, true, true, false, false>(Flash_fwd_params)")
-FLASH_BWD = ("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, "
-             "2, 4, 2, false, false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, "
-             "cutlass::bfloat16_t> >, true, false, false, false, false, true, false>(Flash_bwd_params)")
-ELEM_ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
-            "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, "
-            "at::detail::Array<char*, 3>)")
-ELEM_GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl("
-             "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
-             "{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >"
-             "(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::"
-             "{lambda()#2}::operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, "
-             "at::detail::Array<char*, 2>)")
-ELEM_GELU_BWD = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl("
-                 "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
-                 "{lambda()#4}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, "
-                 "at::detail::Array<char*, 3> >(int, at::native::GeluBackwardCUDAKernelImpl("
-                 "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
-                 "{lambda()#4}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, "
-                 "at::detail::Array<char*, 3>)")
-LAYER_NORM = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
-              "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, "
-              "float*, c10::BFloat16*)")
-LAYER_NORM_BWD = ("void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized"
-                  "<c10::BFloat16, float>(c10::BFloat16 const*, c10::BFloat16 const*, float const*, "
-                  "float const*, c10::BFloat16 const*, c10::BFloat16*, int)")
-FUSED_ADAM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
-              "namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor"
-              "<float, 4, (at::native::ADAM_MODE)1, false>, float*, double, double, double, double, double, "
-              "double, bool, float*, float*>(at::native::(anonymous namespace)::TensorListMetadata<4>, "
-              "at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, "
-              "false>, float*, double, double, double, double, double, double, bool, float*, float*)")
-NCCL_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-NCCL_SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
-MEMCPY_DTOH = "Memcpy DtoH (Device -> Pinned)"
-MEMSET_DEVICE = "Memset (Device)"
-
-# name -> static tail of the kernel args (after correlation)
-_KERNEL_TAIL = {
-    GEMM_H100: (168, 213248, "1.0", "12.0", (132, 1, 1), (384, 1, 1), 19),
-    GEMM_AMPERE: (238, 98304, "2.0", "16.0", (16, 8, 4), (256, 1, 1), 25),
-    FLASH_FWD: (255, 49152, "1.0", "4.0", (16, 32, 8), (128, 1, 1), 6),
-    FLASH_BWD: (255, 98304, "1.0", "8.0", (8, 32, 8), (256, 1, 1), 12),
-    ELEM_ADD: (26, 0, "8.0", "32.0", (8192, 1, 1), (128, 1, 1), 62),
-    ELEM_GELU: (30, 0, "8.0", "32.0", (8192, 1, 1), (128, 1, 1), 60),
-    ELEM_GELU_BWD: (32, 0, "8.0", "32.0", (8192, 1, 1), (128, 1, 1), 58),
-    LAYER_NORM: (40, 0, "4.0", "32.0", (4096, 1, 1), (256, 1, 1), 50),
-    LAYER_NORM_BWD: (48, 0, "4.0", "32.0", (4096, 1, 1), (256, 1, 1), 45),
-    FUSED_ADAM: (64, 0, "6.0", "24.0", (320, 1, 1), (512, 1, 1), 38),
-    NCCL_ALLREDUCE: (96, 0, "0.242424", "4.848485", (32, 1, 1), (640, 1, 1), 0),
-    NCCL_SENDRECV: (96, 0, "0.015152", "0.303030", (2, 1, 1), (640, 1, 1), 0),
-}
-
-
-def _tail(name: str) -> str:
-    regs, smem, bps, wps, grid, block, occ = _KERNEL_TAIL[name]
-    return (f', "registers per thread": {regs}, "shared memory": {smem}, "blocks per SM": {bps}, '
-            f'"warps per SM": {wps}, "grid": [{grid[0]}, {grid[1]}, {grid[2]}], '
-            f'"block": [{block[0]}, {block[1]}, {block[2]}], "est. achieved occupancy %": {occ}')
-
-
-_TAILS = {k: _tail(k) for k in _KERNEL_TAIL}
-_J = {}
-
-
-def _j(s: str) -> str:
-    """JSON string literal (cached)."""
-    v = _J.get(s)
-    if v is None:
-        v = _J[s] = json.dumps(s)
-    return v
-
-
-def fmt_us(ns: int) -> str:
-    """Kineto fmtTs: integer ns -> microseconds with exactly three decimals."""
-    return f"{ns // 1000}.{ns % 1000:03d}"
-
-
-# (cpu op name, kernel name, base duration ns)
-FWD_LAYER = [
-    ("aten::native_layer_norm", LAYER_NORM, 35_000),
-    ("aten::mm", GEMM_H100, 420_000),
-    ("aten::_flash_attention_forward", FLASH_FWD, 380_000),
-    ("aten::mm", GEMM_AMPERE, 150_000),
-    ("aten::add", ELEM_ADD, 28_000),
-    ("aten::native_layer_norm", LAYER_NORM, 35_000),
-    ("aten::mm", GEMM_H100, 560_000),
-    ("aten::gelu", ELEM_GELU, 60_000),
-    ("aten::mm", GEMM_AMPERE, 560_000),
-    ("aten::add", ELEM_ADD, 28_000),
-]
-BWD_LAYER = [
-    ("aten::mm", GEMM_AMPERE, 560_000),
-    ("aten::mm", GEMM_AMPERE, 560_000),
-    ("aten::gelu_backward", ELEM_GELU_BWD, 80_000),
-    ("aten::mm", GEMM_H100, 560_000),
-    ("aten::mm", GEMM_H100, 560_000),
-    ("aten::native_layer_norm_backward", LAYER_NORM_BWD, 60_000),
-    ("aten::mm", GEMM_AMPERE, 150_000),
-    ("aten::mm", GEMM_AMPERE, 150_000),
-    ("aten::_flash_attention_backward", FLASH_BWD, 900_000),
-    ("aten::mm", GEMM_H100, 420_000),
-    ("aten::mm", GEMM_H100, 420_000),
-    ("aten::native_layer_norm_backward", LAYER_NORM_BWD, 60_000),
-    ("aten::add", ELEM_ADD, 28_000),
-]
-
-
-def _union_ns(intervals):
-    total = 0
-    cur_s = cur_e = None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
-class RankTrace:
-    """Event emitter for one rank.  All times passed in are *true* ns relative to BASE_TIME_NS;
-    the rank's clock offset is added when the line is written."""
-
-    def __init__(self, rank, world, offset_ns, rng, pid=None):
-        self.rank = rank
-        self.world = world
-        self.off = offset_ns
-        self.rng = rng
-        self.pid = pid if pid is not None else 1000 + rank
-        self.tid = self.pid
-        self.ext = 1
-        self.corr = 1
-        self.cbuf = []  # CPU-side lines of the current chunk
-        self.gbuf = []  # GPU-side lines of the current chunk
-        self.counts = {}
-        self.c = 0  # CPU (main thread) cursor
-        self.g = 0  # compute-stream free time
-        self.gpu_iv = []  # (start, end) of GPU activities of the current step
-        self.compute_ns = 0
-        self.kernel_count = 0
-
-    # --------------------------------------------------------------- low level
-    def _count(self, key, n=1):
-        self.counts[key] = self.counts.get(key, 0) + n
-
-    def cpu(self, cat, name, t, d, args):
-        ts = t + self.off
-        self.cbuf.append(
-            f'  {{"ph": "X", "cat": "{cat}", "name": {_j(name)}, "pid": {self.pid}, "tid": {self.tid}, '
-            f'"ts": {ts // 1000}.{ts % 1000:03d}, "dur": {d // 1000}.{d % 1000:03d}, "args": {args}}},\n')
-        c = self.counts
-        c[cat] = c.get(cat, 0) + 1
-
-    def runtime(self, name, t, d, cid, x, cbid):
-        ts = t + self.off
-        pid, tid = self.pid, self.tid
-        tss = f"{ts // 1000}.{ts % 1000:03d}"
-        ext = f', "External id": {x}' if x is not None else ""
-        self.cbuf.append(
-            f'  {{"ph": "X", "cat": "cuda_runtime", "name": "{name}", "pid": {pid}, "tid": {tid}, '
-            f'"ts": {tss}, "dur": {d // 1000}.{d % 1000:03d}, '
-            f'"args": {{"cbid": {cbid}, "correlation": {cid}{ext}}}}},\n')
-        c = self.counts
-        c["cuda_runtime"] = c.get("cuda_runtime", 0) + 1
-        if cbid in (211, 41, 51):  # launch / memcpy / memset: has a GPU side and a flow
-            self.cbuf.append(
-                f'  {{"ph": "s", "id": {cid}, "pid": {pid}, "tid": {tid}, "ts": {tss}, '
-                f'"cat": "ac2g", "name": "ac2g"}},\n')
-            c["flow_s"] = c.get("flow_s", 0) + 1
-
-    def gpu(self, cat, name, stream, s, d, cid, x, tail):
-        ts = s + self.off
-        tss = f"{ts // 1000}.{ts % 1000:03d}"
-        self.gbuf.append(
-            f'  {{"ph": "X", "cat": "{cat}", "name": {_j(name)}, "pid": {DEVICE}, "tid": {stream}, '
-            f'"ts": {tss}, "dur": {d // 1000}.{d % 1000:03d}, '
-            f'"args": {{"External id": {x}, "queued": 0, "device": {DEVICE}, "context": 1, '
-            f'"stream": {stream}, "correlation": {cid}{tail}}}}},\n')
-        self.gbuf.append(
-            f'  {{"ph": "f", "id": {cid}, "pid": {DEVICE}, "tid": {stream}, "ts": {tss}, '
-            f'"cat": "ac2g", "name": "ac2g", "bp": "e"}},\n')
-        c = self.counts
-        c[cat] = c.get(cat, 0) + 1
-        c["flow_f"] = c.get("flow_f", 0) + 1
-        self.gpu_iv.append((s, s + d))
-
-    def ids(self):
-        x = self.ext
-        cid = self.corr
-        self.ext += 1
-        self.corr += 1
-        return x, cid
-
-    # --------------------------------------------------------------- ops
-    def op_kernel(self, cpu_name, kname, kdur, rt_at=None, stream=COMPUTE_STREAM, compute=True):
-        """cpu_op -> cudaLaunchKernel -> kernel on `stream` (queued behind self.g)."""
-        rng = self.rng
-        x, cid = self.ids()
-        if rt_at is None:
-            pre = 2500 + rng.randrange(3000)
-            t0 = self.c
-            rt = t0 + pre
-        else:
-            pre = 3000
-            rt = rt_at
-            t0 = rt - pre
-            assert t0 >= self.c, "CPU cursor already past the requested launch time"
-        rtd = 3500 + rng.randrange(3000)
-        ks = rt + LAUNCH_LAT_NS
-        q = self.g + 800 + rng.randrange(700)
-        if q > ks:
-            ks = q
-        opd = pre + rtd + 1500 + rng.randrange(2000)
-        self.cpu("cpu_op", cpu_name, t0, opd, f'{{"External id": {x}}}')
-        self.runtime("cudaLaunchKernel", rt, rtd, cid, x, 211)
-        self.gpu("kernel", kname, stream, ks, kdur, cid, x, _TAILS[kname])
-        self.c = t0 + opd + 1000 + rng.randrange(3000)
-        self.g = ks + kdur
-        self.kernel_count += 1
-        if compute:
-            self.compute_ns += kdur
-        return ks, ks + kdur
-
-    def jitter(self, base):
-        return int(base * (0.97 + 0.06 * self.rng.random()))
-
-    def flush_to(self, fh):
-        s = "".join(self.cbuf) + "".join(self.gbuf)
-        self.cbuf.clear()
-        self.gbuf.clear()
-        fh.write(s)
-        return len(s)
-
-
-def header_text(rank, world, dist_info_extra=None):
-    ranks = list(range(world))
-    pg_config = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
-                  "pg_size": world, "ranks": ranks}]
-    if dist_info_extra:
-        pg_config += dist_info_extra
-    dist = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": len(pg_config),
-            "pg_config": pg_config, "nccl_version": "2.21.5"}
-    return ('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    ' + DEVICE_PROPERTIES + '\n  ],\n'
-            f'  "distributedInfo": {json.dumps(dist)},\n'
-            '  "displayTimeUnit": "ms",\n'
-            f'  "baseTimeNanoseconds": {BASE_TIME_NS},\n'
-            '  "traceEvents": [\n')
-
-
-def metadata_lines(rt: RankTrace, t_true, streams):
-    ts = fmt_us(t_true + rt.off)
-    p = rt.pid
-    out = [
-        f'  {{"name": "process_name", "ph": "M", "ts": {ts}, "pid": {p}, "tid": 0, "args": {{"name": "python3"}}}},\n',
-        f'  {{"name": "process_labels", "ph": "M", "ts": {ts}, "pid": {p}, "tid": 0, "args": {{"labels": "CPU"}}}},\n',
-        f'  {{"name": "thread_name", "ph": "M", "ts": {ts}, "pid": {p}, "tid": {rt.tid}, '
-        f'"args": {{"name": "thread {rt.tid} (python3)"}}}},\n',
-        f'  {{"name": "process_name", "ph": "M", "ts": {ts}, "pid": 0, "tid": 0, "args": {{"name": "python3"}}}},\n',
-        f'  {{"name": "process_labels", "ph": "M", "ts": {ts}, "pid": 0, "tid": 0, "args": {{"labels": "GPU 0"}}}},\n',
-    ]
-    for s in streams:
-        out.append(f'  {{"name": "thread_name", "ph": "M", "ts": {ts}, "pid": 0, "tid": {s}, '
-                   f'"args": {{"name": "stream {s} "}}}},\n')
-    rt._count("M", len(out))
-    return "".join(out)
-
-
-def footer_text(rt: RankTrace, t_true, trace_name):
-    return (f'  {{"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", '
-            f'"ts": {fmt_us(t_true + rt.off)}}}\n  ],\n  "traceName": {json.dumps(trace_name)}\n}}\n')
-
-
-def open_out(path: Path, gz: bool):
-    if gz:
-        return _gzip.open(path, "wt", encoding="ascii", compresslevel=3)
-    return open(path, "w", encoding="ascii", buffering=8 * MIB)
-
-
-def clock_offsets(world, rng):
-    return [r * 137_000 + rng.randrange(0, 20_000) for r in range(world)]
+from .kineto_writer import *  # noqa: F401,F403  (the generators import the writer's names from here too)
+from .kineto_writer import _TAILS, _j, _union_ns  # noqa: F401
 
 
 # ====================================================================== data-parallel steps
@@ -499,8 +187,9 @@ def _phase_after_collective(rt: RankTrace, coll_end, st):
     return rt.c
 
 
-def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None):
-    """Write rank-<r>.json[.gz] + ground_truth.json into out_dir; return the ground truth dict."""
+def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm_scale=1.0):
+    """Write rank-<r>.json[.gz] + ground_truth.json into out_dir; return the ground truth dict. GEMM_SCALE
+    stretches every GEMM kernel (the same seed's job with slower GEMMs: every other draw is the same)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     W = int(ranks)
@@ -512,6 +201,8 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None):
     ext = ".json.gz" if gzip else ".json"
     files = [f"rank-{r}{ext}" for r in range(W)]
     rts = [RankTrace(r, W, offsets[r], random.Random(seed * 1000 + 17 + r)) for r in range(W)]
+    for rt in rts:
+        rt.gemm_scale = float(gemm_scale)
     fhs = [open_out(out / files[r], gzip) for r in range(W)]
     written = [0] * W
     pg_ranks = list(range(W))
@@ -602,6 +293,7 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None):
     gt = {
         "generator": "sample_traces.generate",
         "seed": seed,
+        "gemm_scale": float(gemm_scale),
         "world_size": W,
         "num_steps": n,
         "first_step": FIRST_STEP,
@@ -666,10 +358,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gzip", action="store_true")
+    ap.add_argument("--gemm-scale", type=float, default=1.0, help="stretch every GEMM kernel by this factor")
     ap.add_argument("--target-mb", type=float, default=None,
                     help="repeat steps (32 layers/step) until every rank file is >= N MiB (uncompressed)")
     a = ap.parse_args(argv)
-    gt = generate(a.out_dir, ranks=a.ranks, steps=a.steps, seed=a.seed, gzip=a.gzip, target_mb=a.target_mb)
+    gt = generate(a.out_dir, ranks=a.ranks, steps=a.steps, seed=a.seed, gzip=a.gzip, target_mb=a.target_mb,
+                  gemm_scale=a.gemm_scale)
     print(json.dumps({"out_dir": a.out_dir, "ranks": gt["world_size"], "steps": gt["num_steps"],
                       "bytes": [r["uncompressed_bytes"] for r in gt["ranks"]]}))
 
