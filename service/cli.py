@@ -296,6 +296,7 @@ CLI_MODULES = [
     "service.cli_web",       # serve, report
     "service.cli_batch",     # batch
     "service.cli_inspect",   # inspect
+    "service.cli_diff",      # diff
 ]
 
 
@@ -327,6 +328,7 @@ EXAMPLES = {
     "batch": "ninefold batch /traces/nightly --db catalog.duckdb --reports reports/ --workers 2",
     "nccl": "ninefold nccl --db nf.duckdb --job run42",
     "hang": "ninefold hang --db nf.duckdb --job run42 --format json",
+    "diff": "ninefold diff --db nf.duckdb last_night tonight   (--format json for every row)",
 }
 for _name, _ex in EXAMPLES.items():
     if _name in cli.commands:
