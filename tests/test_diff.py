@@ -9,8 +9,9 @@ import pytest
 
 from analysis.attribution import attribute_job
 from analysis.diff import DiffError, diff_jobs, normalise_kernel
-from conftest import ROOT
-from ingest.load import ingest_paths
+from analysis.ledgers import LEDGERS
+from conftest import ROOT, SHARED_TRACES, needs_shared
+from ingest.load import ingest_paths, load_kineto
 from sample_traces.alltoall2023 import generate_a2a
 from sample_traces.generate import generate
 from store.connection import connect
@@ -103,3 +104,24 @@ def test_diff_cli_json_and_errors(store, tmp_path):
     with pytest.raises(DiffError, match="run `ninefold attribute` first"):
         diff_jobs(c, "j", "j")
     c.close()
+
+
+@needs_shared
+def test_real_traces_a100_control_against_v100_test(tmp_path):
+    """HTA's trace-diff pair (rank 3 of an A100 job, rank 1 of a V100 job, six steps each): the V100 run's step
+    is longer beyond doubt; a job against a second copy of itself moves nothing."""
+    con = connect(tmp_path / "r.duckdb")
+    for job, rel in (("control", "control/control.json.gz"), ("test", "test/test.json.gz")):
+        load_kineto(con, SHARED_TRACES / "hta" / "trace_diff" / rel, job, rank=0)
+        attribute_job(con, job)
+    load_kineto(con, SHARED_TRACES / "hta" / "trace_diff" / "control" / "control.json.gz", "control2", rank=0)
+    attribute_job(con, "control2")
+    rows = {(r["level"], r["key"]): r for r in diff_jobs(con, "control", "test")}
+    assert {("ledger", n) for n in ("step",) + tuple(LEDGERS)} <= set(rows)
+    step = rows[("ledger", "step")]
+    assert step["significant"] and step["delta_ns"] > 0.3 * step["a_ns"]
+    assert all(r["ci_low_ns"] <= r["delta_ns"] <= r["ci_high_ns"] for r in rows.values())
+    assert {r["status"] for r in rows.values()} >= {"same", "new", "vanished"}  # A100 and V100 kernels differ
+    same = diff_jobs(con, "control", "control2")
+    assert same and all(r["delta_ns"] == 0 and not r["significant"] and r["status"] == "same" for r in same)
+    con.close()
