@@ -7,6 +7,7 @@ completion skew. Each member's wait is [own start, last member's aligned arrival
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 
 from analysis.intervals import i64 as _i64
@@ -15,23 +16,31 @@ P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 
 
 def _group_median(g, v, n_groups):
-    """Median of v within each group id g (0..n_groups-1, float; NaN where a group is empty)."""
-    if n_groups <= 256:  # few big groups (ranks): one partition per group beats a full two-key sort
-        o = np.argsort(g, kind="stable")
-        cnt = np.bincount(g, minlength=n_groups)
-        edges = np.concatenate(([0], np.cumsum(cnt)))
-        vs = v[o]
+    """Median of v within each group id g (0..n_groups-1, float; NaN where a group is empty): the mean of the
+    two middle values as float64 for an even count."""
+    g = np.asarray(g, dtype=np.int64)
+    o = np.argsort(g, kind="stable")
+    cnt = np.bincount(g, minlength=n_groups)
+    edges = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
+    if n_groups <= 256:  # few big groups (ranks): one partition per group beats sorting each
+        vs = np.asarray(v)[o]
         return np.array([np.median(vs[edges[k]:edges[k + 1]]) if cnt[k] else np.nan for k in range(n_groups)])
-    o = np.lexsort((v, g))
-    gs, vs = g[o], v[o]
-    cnt = np.bincount(gs, minlength=n_groups)
-    first = np.cumsum(cnt) - cnt
-    lo = first + (cnt - 1) // 2
-    hi = first + cnt // 2
-    med = np.full(n_groups, np.nan)
-    ok = cnt > 0
-    med[ok] = (vs[lo[ok]].astype(np.float64) + vs[hi[ok]]) / 2
-    return med
+    return _sorted_group_median(o, edges, np.asarray(v))  # many small groups (collectives): sort each
+
+
+@nb.njit(cache=True, nogil=True)
+def _sorted_group_median(o, edges, v):
+    out = np.full(edges.size - 1, np.nan)
+    for k in range(edges.size - 1):
+        a, n = edges[k], edges[k + 1] - edges[k]
+        if n == 0:
+            continue
+        buf = np.empty(n, v.dtype)
+        for j in range(n):
+            buf[j] = v[o[a + j]]
+        buf.sort()
+        out[k] = (np.float64(buf[(n - 1) // 2]) + np.float64(buf[n // 2])) / 2
+    return out
 
 
 ORDER_MATCH_TOL_NS = 1_000_000  # members of one collective complete within this of each other (aligned clocks)
