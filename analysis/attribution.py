@@ -80,7 +80,7 @@ def _ensure_tables(con):
 def _store_keys(con, job: str, knames: list, rules: list) -> None:
     """kernel_classes and pg_axes rows of JOB (small: one per distinct kernel name and process group)."""
     from analysis.classify import RULES_VERSION
-    from analysis.cost_model.infer import process_groups
+    from analysis.process_groups import process_groups
 
     if knames:
         # copies and memsets are known by their activity kind, not by a name rule

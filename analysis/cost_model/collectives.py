@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-import re
+
+from analysis.process_groups import canonical  # noqa: F401  (the cost model's callers import it from here)
 
 from .hardware import Hardware, Link
 
@@ -17,24 +18,6 @@ BUSBW = {
     "reduce": lambda n: 1.0,
     "sendrecv": lambda n: 1.0,
 }
-
-
-def canonical(coll: str | None) -> str | None:
-    """Trace / nccl-tests spellings -> allreduce | allgather | reducescatter | alltoall | broadcast | reduce |
-    sendrecv (None for barriers, waits and unknown names)."""
-    if not coll:
-        return None
-    c = re.sub(r"[^a-z]", "", coll.lower().replace("nccl:", ""))
-    for pre in ("base", "coalesced", "intotensor", "tensor"):
-        c = c.replace(pre, "")
-    if c in ("send", "recv", "sendrecv", "batchisendirecv", "isend", "irecv"):
-        return "sendrecv"
-    if c.startswith("alltoall"):
-        return "alltoall"
-    for k in ("allreduce", "allgather", "reducescatter", "broadcast", "reduce"):
-        if c == k:
-            return k
-    return None
 
 
 def ring_steps(coll: str, n: int) -> int:
