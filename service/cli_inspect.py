@@ -44,7 +44,6 @@ def inspect(paths, db, job, fmt):
         con = duckdb.connect()
         con.execute("SET enable_progress_bar = false")
         create_all(con)
-        from pathlib import Path
 
         from store.errors import NinefoldError
 

@@ -1,0 +1,164 @@
+"""The batch catalog: history tables, one-transaction loads of finished jobs, pruning of the Parquet store,
+and regressions against each job's previous night."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.ledgers import LEDGERS
+
+from .batch_jobs import JobSpec
+from .batch_tasks import parquet_root, state_root
+
+# Ledgers whose growth is a regression (compute growing is the job getting better).
+REGRESSION_LEDGERS = tuple(n for n in LEDGERS if n != "compute")
+
+BATCH_DDL = {
+    "batch_nights": """night VARCHAR PRIMARY KEY, seq INTEGER NOT NULL, started_at TIMESTAMP""",
+    "batch_runs": """night VARCHAR NOT NULL, job VARCHAR NOT NULL, job_key VARCHAR, status VARCHAR NOT NULL,
+                     error VARCHAR, n_files INTEGER, ranks INTEGER, steps INTEGER, seconds DOUBLE,
+                     finished_at TIMESTAMP, PRIMARY KEY (night, job)""",
+    "batch_shares": """night VARCHAR NOT NULL, job VARCHAR NOT NULL, ledger VARCHAR NOT NULL, share DOUBLE,
+                       ns BIGINT, PRIMARY KEY (night, job, ledger)""",
+    # the Parquet parts whose rows the catalog holds: the shared store is pruned to exactly these
+    "batch_parts": """job VARCHAR NOT NULL, path VARCHAR NOT NULL, PRIMARY KEY (job, path)""",
+}
+
+
+
+def ensure_batch_tables(con) -> None:
+    from analysis.attribution import _ensure_tables
+
+    _ensure_tables(con)
+    for t, cols in BATCH_DDL.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+
+
+def _night_seq(con, night: str) -> int:
+    row = con.execute("SELECT seq FROM batch_nights WHERE night = ?", [night]).fetchone()
+    if row:
+        return row[0]
+    seq = con.execute("SELECT coalesce(max(seq), 0) + 1 FROM batch_nights").fetchone()[0]
+    con.execute("INSERT INTO batch_nights VALUES (?, ?, current_timestamp)", [night, seq])
+    return seq
+
+
+def _job_tables(con) -> list[str]:
+    rows = con.execute("""SELECT table_name FROM information_schema.columns
+                          WHERE column_name = 'job' AND table_schema = 'main'
+                          AND table_name NOT LIKE 'batch_%'""").fetchall()
+    views = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                       "WHERE table_type = 'VIEW'").fetchall()}
+    return sorted({r[0] for r in rows} - views)
+
+
+def _job_files(res: dict) -> dict[str, list[str]]:
+    files: dict[str, list[str]] = {}
+    for p in res["parses"]:
+        for t, fs in p["files"].items():
+            files.setdefault(t, []).extend(fs)
+    for t, fs in res["files"].items():
+        files.setdefault(t, []).extend(fs)
+    return files
+
+
+def load_jobs_into_catalog(con, night: str, items: list) -> None:
+    """Replace each job's rows in the catalog by its Parquet, with its run row and shares: one transaction.
+
+    ITEMS: (JobSpec, attribute/report result, seconds) of jobs that finished together."""
+    if not items:
+        return
+    jobs = [spec.name for spec, _, _ in items]
+    by_table: dict[str, list[str]] = {}
+    for _, res, _ in items:
+        for t, fs in _job_files(res).items():
+            by_table.setdefault(t, []).extend(fs)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for t in _job_tables(con):
+            con.execute(f"DELETE FROM {t} WHERE job IN ?", [jobs])
+        for t, fs in by_table.items():
+            con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM read_parquet(?)", [fs])
+        con.execute("INSERT INTO jobs (job, world_size) SELECT job, max(world_size) FROM traces WHERE job IN ? "
+                    "GROUP BY job", [jobs])
+        con.execute("DELETE FROM batch_shares WHERE night = ? AND job IN ?", [night, jobs])
+        con.execute("DELETE FROM batch_parts WHERE job IN ?", [jobs])
+        for spec, res, seconds in items:
+            job = spec.name
+            leds = sorted(res["shares"])
+            con.execute("INSERT INTO batch_shares SELECT ?, ?, unnest(?), unnest(?), unnest(?)",
+                        [night, job, leds, [res["shares"][x]["share"] for x in leds],
+                         [res["shares"][x]["ns"] for x in leds]])
+            con.execute("INSERT INTO batch_parts SELECT ?, unnest(?)",
+                        [job, sorted({f for fs in _job_files(res).values() for f in fs})])
+            con.execute("INSERT OR REPLACE INTO batch_runs VALUES (?, ?, ?, 'ok', NULL, ?, ?, ?, ?, "
+                        "current_timestamp)", [night, job, spec.key, len(spec.files), res["ranks"], res["steps"],
+                                               seconds])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def load_job_into_catalog(con, night: str, spec: JobSpec, res: dict, seconds: float) -> None:
+    load_jobs_into_catalog(con, night, [(spec, res, seconds)])
+
+
+def record_failure(con, night: str, spec: JobSpec, error: str, seconds: float = 0.0) -> None:
+    con.execute("INSERT OR REPLACE INTO batch_runs VALUES (?, ?, ?, 'failed', ?, ?, NULL, NULL, ?, current_timestamp)",
+                [night, spec.name, spec.key if spec.error is None else None, error, len(spec.files), seconds])
+    con.execute("DELETE FROM batch_shares WHERE night = ? AND job = ?", [night, spec.name])
+
+
+def committed_parts(con, job: str) -> set[str]:
+    return {r[0] for r in con.execute("SELECT path FROM batch_parts WHERE job = ?", [job]).fetchall()}
+
+
+def collect_garbage(db: Path, job: str, keep: set[str], key: str | None) -> int:
+    """Remove JOB's Parquet parts, markers and work files that the committed catalog does not use.
+
+    Run once the job's tasks are over: after its new rows are committed (KEEP = the new parts), or after it
+    failed (KEEP = the parts of its last committed run), so globbing the store never shows half a job."""
+    removed = 0
+    proot = parquet_root(db)
+    if proot.is_dir():
+        for tdir in proot.iterdir():
+            jdir = tdir / f"job={job}"
+            if not jdir.is_dir():
+                continue
+            for f in jdir.rglob("*.parquet"):
+                if str(f) not in keep:
+                    f.unlink(missing_ok=True)
+                    removed += 1
+            for f in jdir.rglob(".*.tmp-*"):     # left by a task whose process was killed mid-write
+                f.unlink(missing_ok=True)
+    keep_markers = ({f"attr-{key}.json", f"report-{key}.json"} if key else set()) | {
+        f"parse-{Path(f).name[len('part-'):-len('.parquet')]}.json" for f in keep if Path(f).name.startswith("part-")}
+    mdir = state_root(db) / "done" / job
+    if mdir.is_dir():
+        for f in mdir.iterdir():
+            if f.name not in keep_markers:
+                f.unlink(missing_ok=True)
+    wdir = state_root(db) / "work"
+    if wdir.is_dir():
+        for f in wdir.glob(f"{job}-*.duckdb*"):
+            f.unlink(missing_ok=True)
+    return removed
+
+
+def regressions_for(con, night: str, points: float) -> list[dict]:
+    """Jobs of NIGHT whose share of a non-compute ledger grew by more than POINTS against their previous run."""
+    led_list = ", ".join(f"'{n}'" for n in REGRESSION_LEDGERS)
+    rows = con.execute(f"""
+        WITH cur AS (SELECT r.job, n.seq FROM batch_runs r JOIN batch_nights n USING (night)
+                     WHERE r.night = ? AND r.status = 'ok'),
+             prev AS (SELECT cur.job, arg_max(r.night, n.seq) AS night FROM cur
+                      JOIN batch_runs r ON r.job = cur.job AND r.status = 'ok'
+                      JOIN batch_nights n ON n.night = r.night AND n.seq < cur.seq
+                      GROUP BY cur.job)
+        SELECT c.job, c.ledger, p.night, p.share, c.share, 100 * (c.share - p.share) AS delta
+        FROM batch_shares c JOIN prev ON prev.job = c.job
+        JOIN batch_shares p ON p.job = c.job AND p.night = prev.night AND p.ledger = c.ledger
+        WHERE c.night = ? AND c.ledger IN ({led_list}) AND 100 * (c.share - p.share) > ?
+        ORDER BY delta DESC""", [night, night, points]).fetchall()
+    return [{"job": j, "ledger": led, "previous_night": pn, "previous_pct": round(100 * ps, 3),
+             "current_pct": round(100 * cs, 3), "delta_points": round(d, 3)} for j, led, pn, ps, cs, d in rows]
