@@ -162,9 +162,6 @@ def _find_array_end(tail: bytes, tail_off: int) -> tuple[int, dict] | None:
     return None
 
 
-_SWEPT: set = set()
-
-
 def work_root() -> Path:
     """One known folder for ingest's work files ($NINEFOLD_TMP, else <tmp>/ninefold-work)."""
     import os
@@ -172,25 +169,30 @@ def work_root() -> Path:
     return Path(os.environ.get("NINEFOLD_TMP") or Path(tempfile.gettempdir()) / "ninefold-work")
 
 
+def sweep_work_root(root: Path) -> None:
+    """Remove the work folders of processes that no longer run (a killed ingest or batch driver)."""
+    import os
+
+    for d in root.iterdir():
+        pid = d.name.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's live process
+
+
 def work_dir() -> str:
-    """A fresh work folder named by this process's PID; on a process's first use, folders of processes that no
-    longer run (a killed ingest) are removed."""
+    """A fresh work folder named by this process's PID; each call first removes the folders of processes that no
+    longer run, so a long-lived process (the app, a batch driver's rerun) also clears what a killed one left."""
     import os
 
     root = work_root()
     root.mkdir(parents=True, exist_ok=True)
-    if str(root) not in _SWEPT:
-        _SWEPT.add(str(root))
-        for d in root.iterdir():
-            pid = d.name.split("-", 1)[0]
-            if not pid.isdigit() or int(pid) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                shutil.rmtree(d, ignore_errors=True)
-            except PermissionError:
-                pass  # another user's live process
+    sweep_work_root(root)
     return tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
 
 
