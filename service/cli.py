@@ -297,6 +297,8 @@ CLI_MODULES = [
     "service.cli_batch",     # batch
     "service.cli_inspect",   # inspect
     "service.cli_diff",      # diff
+    "service.cli_efficiency",  # efficiency
+    "service.cli_critical",  # critical-path, whatif, export
 ]
 
 
