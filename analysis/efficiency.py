@@ -1,0 +1,528 @@
+"""Per-kernel efficiency: what each kernel achieved against the device's peak, and the time lost to the gap.
+
+Work per kernel comes only from what the trace records:
+
+* GEMM and attention: FLOPs from the launching cpu op's ``Input Dims`` / ``Input type`` (the kernel's External
+  id, or its launch's correlation): 2·M·N·K for ``aten::mm``/``addmm``/``_scaled_mm``, 2·B·M·N·K for
+  ``bmm``/``baddbmm``; flash / memory-efficient / cuDNN attention 2·B·H·pairs·(D_qk + D_v) with pairs = Sq·Sk,
+  or Sq·(Sq+1)/2 when ``is_causal`` (recorded in ``Concrete Inputs``) and Sq = Sk; backward 2.5 × forward
+  (five matrix products against two, as flash-attention's own benchmarks count it). Against the dense tensor
+  peak of the math dtype: bf16/fp16 ``peak_bf16``, fp8 ``peak_fp8``, float32 ``peak_tf32`` (the fastest a
+  float32 product can run; a plain-FP32 kernel therefore shows the TF32 speed-up it leaves).
+* Memory-bound ops (elementwise, norms, softmax, copies, reductions): bytes = the tensor inputs read plus the
+  output written (in-place: the first input; out-of-place: the inputs' broadcast shape in the first input's
+  dtype; reductions: output not counted, so achieved is a lower bound), against ``hbm_bw``. Copies and memsets
+  use their own recorded bytes: host<->device against ``pcie_beta``, device-to-device (read + write) and
+  memset against ``hbm_bw``, peer-to-peer against ``nvlink_beta``.
+* Communication kernels: algorithm bandwidth algbw = S / t and bus bandwidth busbw = algbw × factor as
+  nccl-tests defines them (S the larger of the input and output buffer; factor 2(n−1)/n all-reduce, (n−1)/n
+  all-gather, reduce-scatter and all-to-all, 1 broadcast, reduce and send/recv), against the per-direction link
+  bandwidth: NVLink when every member of the group is on one host (or, hosts not recorded, the group fits a
+  node, said so in the note), else the network.
+
+An op that launched several kernels shares its work among them by their time. Where the work is not known the
+row says why in ``note`` and leaves achieved/efficiency/lost empty: nothing is guessed. Ideal = work / peak,
+lost_ns = time_ns − ideal, efficiency = achieved / peak = ideal / time. Rows: one per (rank, kernel name, how
+the work was counted, note), stored in ``kernel_efficiency``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+
+from analysis.classify import classify_kernel
+from analysis.cost_model.hardware import PRESETS_ORDER, PRESET_FILE, hardware, preset_for_device
+from analysis.process_groups import canonical
+
+DDL = """job VARCHAR, rank INTEGER, kernel VARCHAR, kclass VARCHAR, calls BIGINT, time_ns BIGINT, work DOUBLE,
+         achieved DOUBLE, peak DOUBLE, unit VARCHAR, efficiency DOUBLE, lost_ns BIGINT, algbw DOUBLE,
+         device VARCHAR, basis VARCHAR, note VARCHAR"""
+COLUMNS = ("job", "rank", "kernel", "kclass", "calls", "time_ns", "work", "achieved", "peak", "unit", "efficiency",
+           "lost_ns", "algbw", "device", "basis", "note")
+FLOPS, BYTES, BUSBW = "FLOP/s", "B/s", "B/s busbw"
+
+
+class EfficiencyError(ValueError):
+    """A job or device that cannot be evaluated (missing job, unknown preset)."""
+
+
+# ---------------------------------------------------------------- communication (nccl-tests' definitions)
+def bus_factor(coll: str, n: int) -> float | None:
+    """nccl-tests' busbw / algbw for a collective over N ranks (src/*.cu ``GetBw``); None for an unknown one."""
+    c = canonical(coll) or coll
+    if c == "allreduce":
+        return 2.0 * (n - 1) / n
+    if c in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    if c in ("broadcast", "reduce", "sendrecv"):
+        return 1.0
+    return None
+
+
+def bus_bandwidth(coll: str, size_bytes: float, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s as nccl-tests prints them: algbw = size / time, busbw = algbw × bus_factor.
+    SIZE is nccl-tests' "size" column: the larger of the send and receive buffer of one rank."""
+    f = bus_factor(coll, n)
+    if f is None:
+        raise ValueError(f"no bus bandwidth factor for collective {coll!r}")
+    alg = size_bytes / seconds
+    return alg, alg * f
+
+
+# ---------------------------------------------------------------- shapes
+# Input type spellings (c10 ScalarType names as Kineto writes them) -> (math kind, element bytes)
+_DTYPES = {
+    "float": ("fp32", 4), "bfloat16": ("bf16", 2), "half": ("fp16", 2), "double": ("fp64", 8),
+    "float8_e4m3fn": ("fp8", 1), "float8_e5m2": ("fp8", 1), "float8_e4m3fnuz": ("fp8", 1),
+    "float8_e5m2fnuz": ("fp8", 1), "long int": ("int64", 8), "long": ("int64", 8), "int": ("int32", 4),
+    "short int": ("int16", 2), "short": ("int16", 2), "signed char": ("int8", 1), "char": ("int8", 1),
+    "unsigned char": ("uint8", 1), "byte": ("uint8", 1), "bool": ("bool", 1), "complex<float>": ("c64", 8),
+    "complexfloat": ("c64", 8), "complex<double>": ("c128", 16), "complexdouble": ("c128", 16),
+}
+
+
+def dtype_info(t) -> tuple[str, int] | None:
+    """(math kind, element bytes) of an ``Input type`` entry; None for scalars, lists and absent arguments."""
+    if not isinstance(t, str):
+        return None
+    return _DTYPES.get(t.lower().removeprefix("c10::").strip())
+
+
+def _numel(dims) -> int:
+    return math.prod(int(d) for d in dims)
+
+
+def _mat(dims, types, i, rank):
+    """(shape, dtype kind) of tensor argument I when it has RANK dimensions, else None."""
+    if i >= len(dims) or i >= len(types):
+        return None
+    d, t = dims[i], dtype_info(types[i])
+    if t is None or not isinstance(d, list) or len(d) != rank or not all(isinstance(x, int) for x in d):
+        return None
+    return d, t[0]
+
+
+# aten op -> (index of A, index of B, batched)
+GEMM_OPS = {"aten::mm": (0, 1, False), "aten::addmm": (1, 2, False), "aten::_addmm_activation": (1, 2, False),
+            "aten::_scaled_mm": (0, 1, False), "aten::bmm": (0, 1, True), "aten::baddbmm": (1, 2, True)}
+
+
+def gemm_flops(op: str, dims, types) -> tuple[float, str]:
+    """(FLOPs, math dtype kind) of a matrix-multiply op from its Input Dims / Input type; ValueError saying why
+    when they do not give them."""
+    ia, ib, batched = GEMM_OPS[op]
+    r = 3 if batched else 2
+    a, b = _mat(dims, types, ia, r), _mat(dims, types, ib, r)
+    if a is None or b is None:
+        raise ValueError(f"{op}: Input Dims do not hold two {r}-D tensor operands")
+    (da, ka), (db, _) = a, b
+    if da[-1] != db[-2] or (batched and da[0] != db[0]):
+        raise ValueError(f"{op}: operand shapes {da} and {db} do not multiply")
+    flops = 2.0 * da[-2] * da[-1] * db[-1] * (da[0] if batched else 1)
+    return flops, ka
+
+
+# op -> (q, k, v argument index, layout, causal argument index, causal kind, passes over forward FLOPs)
+ATTENTION_OPS = {
+    "aten::_flash_attention_forward": (0, 1, 2, "bshd", 8, "bool", 1.0),
+    "aten::_flash_attention_backward": (1, 2, 3, "bshd", 11, "bool", 2.5),
+    "aten::_scaled_dot_product_flash_attention": (0, 1, 2, "bhsd", 4, "bool", 1.0),
+    "aten::_scaled_dot_product_flash_attention_backward": (1, 2, 3, "bhsd", 11, "bool", 2.5),
+    "aten::_efficient_attention_forward": (0, 1, 2, "bshd", 9, "mask", 1.0),
+    "aten::_efficient_attention_backward": (1, 2, 3, "bshd", 14, "mask", 2.5),
+    "aten::_scaled_dot_product_efficient_attention": (0, 1, 2, "bhsd", 6, "bool", 1.0),
+    "aten::_scaled_dot_product_efficient_attention_backward": (1, 2, 3, "bhsd", 11, "bool", 2.5),
+    "aten::_scaled_dot_product_cudnn_attention": (0, 1, 2, "bhsd", 6, "bool", 1.0),
+    "aten::_scaled_dot_product_cudnn_attention_backward": (1, 2, 3, "bhsd", 14, "bool", 2.5),
+    "flash_attn::_flash_attn_forward": (0, 1, 2, "bshd", 5, "bool", 1.0),
+    "flash_attn::_flash_attn_backward": (1, 2, 3, "bshd", 11, "bool", 2.5),
+}
+
+
+def attention_flops(op: str, dims, types, concrete) -> tuple[float, str]:
+    """(FLOPs, math dtype kind) of an attention op; ValueError saying why when the trace does not give them."""
+    iq, ik, iv, layout, ic, ckind, passes = ATTENTION_OPS[op]
+    q, k, v = (_mat(dims, types, i, 4) for i in (iq, ik, iv))
+    if q is None or k is None or v is None:
+        raise ValueError(f"{op}: query/key/value are not 4-D tensors (variable-length batches: per-sequence "
+                         "lengths are not recorded)")
+    (dq, kind), (dk, _), (dv, _) = q, k, v
+    if layout == "bshd":
+        b, sq, h, d = dq
+        sk, dvh = dk[1], dv[3]
+    else:
+        b, h, sq, d = dq
+        sk, dvh = dk[2], dv[3]
+    if dk[0] != b or dk[-1] != d:
+        raise ValueError(f"{op}: query {dq} and key {dk} do not match")
+    c = concrete[ic] if isinstance(concrete, list) and ic < len(concrete) else None
+    if ckind == "bool":
+        causal = {"True": True, "False": False, "true": True, "false": False, "1": True, "0": False}.get(str(c))
+    else:  # custom_mask_type: 0 none, 1 causal from the top left, 2 from the bottom right
+        causal = {"0": False, "1": True, "2": True}.get(str(c))
+    if causal is None:
+        raise ValueError(f"{op}: is_causal not recorded (no Concrete Inputs)")
+    if causal and sq != sk:
+        raise ValueError(f"{op}: causal with {sq} queries and {sk} keys: the mask's alignment is not recorded")
+    pairs = sq * (sq + 1) / 2 if causal else sq * sk
+    return passes * 2.0 * b * h * pairs * (d + dvh), kind
+
+
+# memory-bound ops by base name (aten:: and a trailing in-place '_' stripped): output of the broadcast shape
+ELEMENTWISE = {
+    "add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "log", "log1p", "sqrt", "rsqrt", "pow", "reciprocal",
+    "tanh", "sigmoid", "relu", "gelu", "silu", "mish", "hardswish", "leaky_relu", "elu", "sin", "cos",
+    "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "where",
+    "clamp", "clamp_min", "clamp_max", "masked_fill", "native_dropout", "native_dropout_backward", "_softmax",
+    "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
+    "native_layer_norm_backward", "_fused_rms_norm", "native_batch_norm", "native_group_norm", "addcmul",
+    "addcdiv", "lerp", "erf", "floor", "ceil", "round", "sign", "square", "maximum", "minimum",
+}
+COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "isnan", "isinf"}
+REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "all", "any", "argmax", "argmin", "norm",
+              "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "logsumexp"}
+WRITE_ONLY = {"fill", "zero", "normal", "uniform", "bernoulli"}
+
+
+def _broadcast(shapes):
+    out: list[int] = []
+    for s in shapes:
+        for i, d in enumerate(reversed(s)):
+            if i == len(out):
+                out.insert(0, d)
+            else:
+                j = len(out) - 1 - i
+                if out[j] == 1:
+                    out[j] = d
+                elif d not in (1, out[j]):
+                    raise ValueError(f"shapes {shapes} do not broadcast")
+    return out
+
+
+def memory_bytes(op: str, dims, types) -> tuple[float, str]:
+    """(bytes moved, how they were counted) of a memory-bound op; ValueError saying why when unknown."""
+    name = op.removeprefix("aten::")
+    inplace = len(name) > 1 and name.endswith("_") and not name.endswith("__")
+    base = name[:-1] if inplace else name
+    tens = [(d, dtype_info(t)[1]) for d, t in zip(dims, types)
+            if dtype_info(t) is not None and isinstance(d, list) and all(isinstance(x, int) for x in d)]
+    if not tens:
+        raise ValueError(f"{op}: no tensor inputs in Input Dims")
+    read = float(sum(_numel(d) * e for d, e in tens))
+    first = float(_numel(tens[0][0]) * tens[0][1])
+    if inplace and base in WRITE_ONLY:
+        return first, "self written"
+    if base == "copy" and len(tens) >= 2:  # copy_(self, src): src read, self written
+        return read, "src read + self written"
+    if base == "clone":
+        return 2 * first, "self read + written"
+    if inplace and (base in ELEMENTWISE or base in COMPARISONS):
+        return read + first, "inputs read + self written"
+    if base in ELEMENTWISE or base in COMPARISONS:
+        n = _numel(_broadcast([d for d, _ in tens]))
+        return read + n * (1 if base in COMPARISONS else tens[0][1]), "inputs read + output written"
+    if base in REDUCTIONS:
+        return read, "inputs read (output not counted: a lower bound)"
+    if "conv" in base:
+        raise ValueError(f"{op}: convolution FLOPs need stride, padding and dilation (not derived)")
+    raise ValueError(f"bytes moved by {op} are not derived from its inputs")
+
+
+# ---------------------------------------------------------------- the job
+def _peaks(preset: str) -> dict:
+    hw = hardware(preset)
+    with open(PRESET_FILE, "rb") as fh:
+        raw = tomllib.load(fh).get(preset, {})
+    return {"hw": hw, "bf16": hw.peak_bf16, "fp16": hw.peak_bf16, "fp8": hw.peak("fp8"),
+            "fp32": raw.get("peak_tf32")}
+
+
+def _dtype_peak(peaks: dict | None, kind: str):
+    """(peak FLOP/s, why there is none) of a math dtype on the device; (None, None) when the device is unknown."""
+    if peaks is None:
+        return None, None
+    p = peaks.get(kind)
+    if p is None:
+        return None, f"no {kind} peak in the device preset"
+    return float(p), None
+
+
+def resolve_devices(con, job: str, device: str | None = None) -> dict:
+    """Per rank: {"preset": name or None, "from": the trace's device name or '--device'}."""
+    ranks = con.execute("SELECT rank, device_name FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()
+    if not ranks:
+        raise EfficiencyError(f"no job {job!r} in the store")
+    if device is not None:
+        try:
+            hw = hardware(device)
+        except KeyError as e:
+            raise EfficiencyError(str(e.args[0])) from None
+        return {r: {"preset": hw.preset, "from": "--device"} for r, _ in ranks}
+    return {r: {"preset": preset_for_device(n), "from": n} for r, n in ranks}
+
+
+def device_line(devs: dict) -> str:
+    """One line saying which preset each rank was measured against, or that the device is unknown."""
+    by: dict = {}
+    for r, d in devs.items():
+        by.setdefault((d["preset"], d["from"]), []).append(r)
+    parts = []
+    for (p, src), rs in sorted(by.items(), key=lambda kv: kv[1][0]):
+        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs[0]}-{rs[-1]}" if rs == list(
+            range(rs[0], rs[-1] + 1)) else f"ranks {','.join(map(str, rs))}"
+        if p is None:
+            parts.append(f"{who}: device {src!r} matches no preset ({', '.join(PRESETS_ORDER)}); pass --device "
+                         "PRESET for efficiencies")
+        else:
+            parts.append(f"{who}: {p}" + (f" (from {src!r})" if src != "--device" else " (--device)"))
+    return "device: " + "; ".join(parts)
+
+
+KERNELS_SQL = """
+WITH rt AS (
+    SELECT rank, correlation, any_value(external_id) AS x FROM host_ops
+    WHERE job = $job AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+      AND external_id IS NOT NULL GROUP BY ALL
+), op AS (
+    SELECT rank, external_id AS x, arg_max(name, depth) AS op_name,
+           arg_max(CAST(json_extract(args, '$."Input Dims"') AS VARCHAR), depth) AS dims,
+           arg_max(CAST(json_extract(args, '$."Input type"') AS VARCHAR), depth) AS types,
+           arg_max(CAST(json_extract(args, '$."Concrete Inputs"') AS VARCHAR), depth) AS concrete
+    FROM host_ops WHERE job = $job AND cat = 'cpu_op' AND external_id IS NOT NULL GROUP BY ALL
+), g AS (
+    SELECT g.rank, g.kind, g.name, g.start_ns, g.end_ns - g.start_ns AS dur, g.bytes, g.copy_kind,
+           coalesce(g.external_id, rt.x) AS x
+    FROM gpu_ops g LEFT JOIN rt ON rt.rank = g.rank AND rt.correlation = g.correlation
+    WHERE g.job = $job AND g.kind IN ('kernel', 'memcpy', 'memset') AND g.name IS NOT NULL
+), gk AS (
+    SELECT *, CASE WHEN kind = 'kernel' AND x IS NOT NULL
+                   THEN sum(dur) FILTER (WHERE kind = 'kernel') OVER (PARTITION BY rank, x) END AS op_ns,
+              CASE WHEN kind = 'kernel' AND x IS NOT NULL
+                   THEN count(*) FILTER (WHERE kind = 'kernel') OVER (PARTITION BY rank, x) END AS op_n
+    FROM g
+), c AS (
+    SELECT rank, kernel_name, start_ns, any_value(coll) AS coll, max(in_nelems) AS in_n, max(out_nelems) AS out_n,
+           max(bytes) AS cbytes, max(group_size) AS group_size, any_value(pg_ranks) AS pg_ranks
+    FROM collectives WHERE job = $job AND kernel_name IS NOT NULL GROUP BY ALL
+)
+SELECT gk.rank, gk.kind, gk.name, gk.copy_kind, gk.x IS NOT NULL AS linked, op.op_name, op.dims, op.types,
+       op.concrete, max(gk.op_n) AS op_n, c.coll, c.in_n, c.out_n, c.cbytes, c.group_size, c.pg_ranks,
+       count(*) AS calls, sum(gk.dur) AS ns, sum(CASE WHEN gk.op_ns > 0 THEN gk.dur / gk.op_ns ELSE 1.0 END) AS share,
+       sum(gk.bytes) AS bytes, count(gk.bytes) AS n_bytes
+FROM gk LEFT JOIN op ON op.rank = gk.rank AND op.x = gk.x
+        LEFT JOIN c ON c.rank = gk.rank AND c.kernel_name = gk.name AND c.start_ns = gk.start_ns
+GROUP BY gk.rank, gk.kind, gk.name, gk.copy_kind, linked, op.op_name, op.dims, op.types, op.concrete, c.coll,
+         c.in_n, c.out_n, c.cbytes, c.group_size, c.pg_ranks
+"""
+
+
+def _loads(s):
+    try:
+        v = json.loads(s) if s else None
+    except ValueError:
+        return None
+    return v if isinstance(v, list) else None
+
+
+def _op_work(op_name, dims_s, types_s, concrete_s, cache):
+    """(work per op, unit, basis, dtype kind or None) or a str saying why there is none."""
+    key = (op_name, dims_s, types_s, concrete_s)
+    if key in cache:
+        return cache[key]
+    dims, types = _loads(dims_s), _loads(types_s)
+    out: tuple | str
+    if not dims or not types or not any(isinstance(d, list) and d for d in dims):
+        out = f"no Input Dims on the launching op {op_name} (record_shapes off)"
+    else:
+        try:
+            if op_name in GEMM_OPS:
+                f, kind = gemm_flops(op_name, dims, types)
+                out = (f, FLOPS, f"{op_name} {'2BMNK' if GEMM_OPS[op_name][2] else '2MNK'} {kind}", kind)
+            elif op_name in ATTENTION_OPS:
+                f, kind = attention_flops(op_name, dims, types, _loads(concrete_s))
+                out = (f, FLOPS, f"{op_name} {'bwd 2.5x' if ATTENTION_OPS[op_name][6] > 1 else 'fwd'} {kind}", kind)
+            elif op_name.startswith("aten::"):
+                b, how = memory_bytes(op_name, dims, types)
+                out = (b, BYTES, f"{op_name} {how}", None)
+            else:
+                out = f"no FLOP or byte count for {op_name}"
+        except ValueError as e:
+            out = str(e)
+    cache[key] = out
+    return out
+
+
+def _hosts(con, job):
+    return dict(con.execute("SELECT rank, host_name FROM traces WHERE job = ?", [job]).fetchall())
+
+
+def _link(hw, members, n, hosts):
+    """(link level, note) for a collective over MEMBERS (global ranks; None when not recorded) of size N."""
+    if members:
+        hs = [hosts.get(m) for m in members]
+        if all(hs):
+            return ("nvlink", None) if len(set(hs)) == 1 else ("ib", f"group spans {len(set(hs))} hosts")
+    if n <= hw.gpus_per_node:
+        return "nvlink", f"hosts of the group not all recorded: taken as one node ({n} <= {hw.gpus_per_node} GPUs)"
+    return "ib", f"hosts of the group not all recorded: {n} ranks > {hw.gpus_per_node} GPUs per node"
+
+
+def _members(pg_ranks):
+    try:
+        v = json.loads(pg_ranks) if pg_ranks else None
+    except ValueError:
+        return None
+    return [int(x) for x in v] if isinstance(v, list) and all(isinstance(x, int) for x in v) and v else None
+
+
+def _row_work(r, peaks, hosts, cache):
+    """(work, unit, peak, basis, note, algbw-bytes) of one SQL group; work None when unknown."""
+    fam, kclass = classify_kernel(r["name"])
+    hw = peaks["hw"] if peaks else None
+    if r["kind"] in ("memcpy", "memset"):
+        if r["n_bytes"] < r["calls"]:
+            return None, None, None, None, f"{r['kind']} without recorded bytes", None
+        ck = r["copy_kind"] or ""
+        if r["kind"] == "memset":
+            return float(r["bytes"]), BYTES, hw and hw.hbm_bw, "memset bytes written vs HBM", None, None
+        if ck in ("HtoD", "DtoH"):
+            return float(r["bytes"]), BYTES, hw and hw.pcie_beta, f"{ck} bytes vs PCIe", None, None
+        if ck == "DtoD":
+            return 2.0 * r["bytes"], BYTES, hw and hw.hbm_bw, "DtoD bytes read + written vs HBM", None, None
+        if ck == "PtoP":
+            return float(r["bytes"]), BYTES, hw and hw.nvlink_beta, "PtoP bytes vs NVLink", None, None
+        return None, None, None, None, f"copy kind {ck or 'unknown'}: no peak to compare with", None
+    if fam == "comm":
+        if r["coll"] is None:
+            return None, None, None, None, "no collective record (record_param_comms) for this kernel", None
+        n = r["group_size"] or (len(_members(r["pg_ranks"]) or []) or None)
+        f = bus_factor(r["coll"], n) if n else None
+        if not r["cbytes"] or not r["in_n"]:
+            return None, None, None, None, f"{r['coll']}: message size or dtype not recorded", None
+        if n is None or f is None:
+            return None, None, None, None, f"{r['coll']}: group size or bus factor unknown", None
+        if n < 2 and canonical(r["coll"]) != "sendrecv":
+            return None, None, None, None, f"{r['coll']} over a group of {n}: nothing moves", None
+        size = max(r["in_n"], r["out_n"] or 0) * (r["cbytes"] / r["in_n"])  # nccl-tests' size: the larger buffer
+        peak, note = None, None
+        if hw:
+            level, note = _link(hw, _members(r["pg_ranks"]), n, hosts)
+            peak = hw.link(level).beta
+            basis = f"{canonical(r['coll']) or r['coll']} n={n} busbw x{f:.3g} vs {level}"
+        else:
+            basis = f"{canonical(r['coll']) or r['coll']} n={n} busbw x{f:.3g}"
+        return size * f * r["calls"], BUSBW, peak, basis, note, size * r["calls"]
+    if not r["linked"]:
+        return None, None, None, None, "no launching op linked (no External id or launch correlation)", None
+    if r["op_name"] is None:
+        return None, None, None, None, "launch not inside a cpu op (no aten op to read shapes from)", None
+    w = _op_work(r["op_name"], r["dims"], r["types"], r["concrete"], cache)
+    if isinstance(w, str):
+        return None, None, None, None, w, None
+    per_op, unit, basis, kind = w
+    note = f"{r['op_name']} launched {r['op_n']} kernels: its work shared by their time" if r["op_n"] > 1 else None
+    if unit == FLOPS:
+        peak, why = _dtype_peak(peaks, kind)
+        if why:
+            return per_op * r["share"], unit, None, basis, why, None
+    else:
+        peak = hw and hw.hbm_bw
+    return per_op * r["share"], unit, peak, basis, note, None
+
+
+def compute_efficiency(con, job: str, device: str | None = None) -> tuple[list[dict], dict]:
+    """Rows (see the module doc), ordered by lost time, and the per-rank devices (resolve_devices)."""
+    devs = resolve_devices(con, job, device)
+    peaks_of = {p: _peaks(p) for p in {d["preset"] for d in devs.values()} if p}
+    hosts = _hosts(con, job)
+    cur = con.execute(KERNELS_SQL, {"job": job})
+    cols = [d[0] for d in cur.description]
+    agg: dict = {}
+    cache: dict = {}
+    for t in cur.fetchall():
+        r = dict(zip(cols, t))
+        dev = devs.get(r["rank"], {}).get("preset")
+        peaks = peaks_of.get(dev)
+        work, unit, peak, basis, note, alg = _row_work(r, peaks, hosts, cache)
+        if dev is None and work is not None:
+            note = note or "device matches no preset: pass --device"
+        kclass = r["kind"] if r["kind"] != "kernel" else classify_kernel(r["name"])[1]
+        key = (r["rank"], r["name"], kclass, unit, peak, basis, note)
+        a = agg.setdefault(key, {"calls": 0, "time_ns": 0, "work": None if work is None else 0.0,
+                                 "alg": None if alg is None else 0.0, "device": dev})
+        a["calls"] += int(r["calls"])
+        a["time_ns"] += int(r["ns"])
+        if work is not None:
+            a["work"] += work
+        if alg is not None:
+            a["alg"] += alg
+    rows = []
+    for (rank, name, kclass, unit, peak, basis, note), a in agg.items():
+        secs = a["time_ns"] / 1e9
+        achieved = a["work"] / secs if a["work"] is not None and secs > 0 else None
+        eff = achieved / peak if achieved is not None and peak else None
+        lost = int(round(a["time_ns"] - a["work"] / peak * 1e9)) if a["work"] is not None and peak else None
+        if a["work"] is not None and secs <= 0:
+            note = note or "zero duration"
+        rows.append({"job": job, "rank": rank, "kernel": name, "kclass": kclass, "calls": a["calls"],
+                     "time_ns": a["time_ns"], "work": a["work"], "achieved": achieved, "peak": peak, "unit": unit,
+                     "efficiency": eff, "lost_ns": lost,
+                     "algbw": a["alg"] / secs if a["alg"] is not None and secs > 0 else None,
+                     "device": a["device"], "basis": basis, "note": note})
+    rows.sort(key=lambda x: (x["lost_ns"] is None, -(x["lost_ns"] or 0), -x["time_ns"], x["rank"], x["kernel"]))
+    return rows, devs
+
+
+def store_efficiency(con, job: str, rows: list[dict]) -> None:
+    """Replace JOB's rows of ``kernel_efficiency`` (one transaction)."""
+    import pyarrow as pa
+
+    con.execute(f"CREATE TABLE IF NOT EXISTS kernel_efficiency ({DDL})")
+    tbl = pa.table({c: [r[c] for r in rows] for c in COLUMNS}, schema=pa.schema([
+        ("job", pa.string()), ("rank", pa.int32()), ("kernel", pa.string()), ("kclass", pa.string()),
+        ("calls", pa.int64()), ("time_ns", pa.int64()), ("work", pa.float64()), ("achieved", pa.float64()),
+        ("peak", pa.float64()), ("unit", pa.string()), ("efficiency", pa.float64()), ("lost_ns", pa.int64()),
+        ("algbw", pa.float64()), ("device", pa.string()), ("basis", pa.string()), ("note", pa.string())]))
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM kernel_efficiency WHERE job = ?", [job])
+        con.register("_ke", tbl)
+        con.execute(f"INSERT INTO kernel_efficiency ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM _ke")
+        con.unregister("_ke")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def kernel_efficiency(con, job: str, device: str | None = None) -> tuple[list[dict], dict]:
+    """Compute JOB's per-kernel efficiency rows and store them; (rows by lost time, per-rank devices)."""
+    rows, devs = compute_efficiency(con, job, device)
+    store_efficiency(con, job, rows)
+    return rows, devs
+
+
+_UNIT_SCALE = {FLOPS: (1e12, "TFLOP/s"), BYTES: (1e9, "GB/s"), BUSBW: (1e9, "GB/s bus")}
+
+
+def human(value, unit) -> str:
+    """A rate in the unit's display scale (TFLOP/s, GB/s)."""
+    if value is None or unit is None:
+        return "-"
+    s, _ = _UNIT_SCALE[unit]
+    return f"{value / s:.1f}"
+
+
+def summary_of_missing(rows: list[dict]) -> list[tuple[str, int, int]]:
+    """(reason, kernels' calls, ns) of the rows with no work, largest time first; per-rank names folded by the
+    op name in the reason (the text before ':' is kept whole)."""
+    out: dict = {}
+    for r in rows:
+        if r["work"] is None:
+            k = re.sub(r"\s+", " ", r["note"] or "unknown")
+            c = out.setdefault(k, [0, 0])
+            c[0] += r["calls"]
+            c[1] += r["time_ns"]
+    return sorted(((k, c, n) for k, (c, n) in out.items()), key=lambda x: -x[2])
