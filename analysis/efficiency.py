@@ -209,7 +209,7 @@ def memory_bytes(op: str, dims, types) -> tuple[float, str]:
     tens = [(d, dtype_info(t)[1]) for d, t in zip(dims, types)
             if dtype_info(t) is not None and isinstance(d, list) and all(isinstance(x, int) for x in d)]
     if not tens:
-        raise ValueError(f"{op}: no tensor inputs in Input Dims")
+        raise ValueError(f"{op}: Input Dims hold no plain tensor inputs (tensor lists are not sized)")
     read = float(sum(_numel(d) * e for d, e in tens))
     first = float(_numel(tens[0][0]) * tens[0][1])
     if inplace and base in WRITE_ONLY:
@@ -280,42 +280,109 @@ def device_line(devs: dict) -> str:
     return "device: " + "; ".join(parts)
 
 
-KERNELS_SQL = """
-WITH rt AS (
-    SELECT rank, correlation, any_value(external_id) AS x FROM host_ops
-    WHERE job = $job AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-      AND external_id IS NOT NULL GROUP BY ALL
-), op AS (
+# the launch call of every GPU op (by correlation): its thread and time, and the External id it carries
+_RT = """rt AS (
+    SELECT rank, correlation, any_value(external_id) AS x, any_value(pid) AS pid, any_value(tid) AS tid,
+           min(start_ns) AS t
+    FROM host_ops WHERE job = $job AND cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+    GROUP BY ALL
+), byid AS (
     SELECT rank, external_id AS x, arg_max(name, depth) AS op_name,
            arg_max(CAST(json_extract(args, '$."Input Dims"') AS VARCHAR), depth) AS dims,
            arg_max(CAST(json_extract(args, '$."Input type"') AS VARCHAR), depth) AS types,
            arg_max(CAST(json_extract(args, '$."Concrete Inputs"') AS VARCHAR), depth) AS concrete
     FROM host_ops WHERE job = $job AND cat = 'cpu_op' AND external_id IS NOT NULL GROUP BY ALL
 ), g AS (
-    SELECT g.rank, g.kind, g.name, g.start_ns, g.end_ns - g.start_ns AS dur, g.bytes, g.copy_kind,
-           coalesce(g.external_id, rt.x) AS x
+    SELECT g.rank, g.kind, g.name, g.start_ns, g.end_ns - g.start_ns AS dur, g.bytes, g.copy_kind, g.correlation,
+           coalesce(g.external_id, rt.x) AS x, rt.pid, rt.tid, rt.t
     FROM gpu_ops g LEFT JOIN rt ON rt.rank = g.rank AND rt.correlation = g.correlation
     WHERE g.job = $job AND g.kind IN ('kernel', 'memcpy', 'memset') AND g.name IS NOT NULL
+)"""
+
+# kernel launches that no cpu op claims by External id (Kineto of 2022 wrote the correlation there)
+UNCLAIMED_SQL = f"""WITH {_RT}
+SELECT DISTINCT g.rank, g.pid, g.tid, g.t, g.correlation FROM g LEFT JOIN byid ON byid.rank = g.rank AND byid.x = g.x
+WHERE g.kind = 'kernel' AND byid.op_name IS NULL AND g.t IS NOT NULL AND g.correlation IS NOT NULL
+ORDER BY g.rank, g.pid, g.tid, g.t"""
+
+THREAD_OPS_SQL = """
+SELECT h.rank, h.pid, h.tid, h.start_ns, h.end_ns, h.name, CAST(json_extract(h.args, '$."Input Dims"') AS VARCHAR),
+       CAST(json_extract(h.args, '$."Input type"') AS VARCHAR), CAST(json_extract(h.args, '$."Concrete Inputs"') AS VARCHAR)
+FROM host_ops h SEMI JOIN (SELECT DISTINCT rank, pid, tid FROM _eff_launch) l
+     ON l.rank = h.rank AND l.pid IS NOT DISTINCT FROM h.pid AND l.tid IS NOT DISTINCT FROM h.tid
+WHERE h.job = $job AND h.cat = 'cpu_op'
+ORDER BY h.rank, h.pid, h.tid, h.start_ns, h.end_ns DESC"""
+
+KERNELS_SQL = f"""WITH {_RT}, gl AS (
+    SELECT g.*, coalesce(byid.op_name, e.op_name) AS op_name, coalesce(byid.dims, e.dims) AS dims,
+           coalesce(byid.types, e.types) AS types, coalesce(byid.concrete, e.concrete) AS concrete,
+           CASE WHEN byid.op_name IS NOT NULL THEN 'x' || g.x WHEN e.op_name IS NOT NULL THEN e.op_key END AS op_key
+    FROM g LEFT JOIN byid ON byid.rank = g.rank AND byid.x = g.x
+           LEFT JOIN _eff_encl e ON e.rank = g.rank AND e.correlation = g.correlation AND byid.op_name IS NULL
+               AND g.kind = 'kernel'
 ), gk AS (
-    SELECT *, CASE WHEN kind = 'kernel' AND x IS NOT NULL
-                   THEN sum(dur) FILTER (WHERE kind = 'kernel') OVER (PARTITION BY rank, x) END AS op_ns,
-              CASE WHEN kind = 'kernel' AND x IS NOT NULL
-                   THEN count(*) FILTER (WHERE kind = 'kernel') OVER (PARTITION BY rank, x) END AS op_n
-    FROM g
+    SELECT *, CASE WHEN kind = 'kernel' AND op_key IS NOT NULL
+                   THEN sum(dur) FILTER (WHERE kind = 'kernel') OVER (PARTITION BY rank, op_key) END AS op_ns,
+              CASE WHEN kind = 'kernel' AND op_key IS NOT NULL
+                   THEN count(*) FILTER (WHERE kind = 'kernel') OVER (PARTITION BY rank, op_key) END AS op_n
+    FROM gl
 ), c AS (
     SELECT rank, kernel_name, start_ns, any_value(coll) AS coll, max(in_nelems) AS in_n, max(out_nelems) AS out_n,
            max(bytes) AS cbytes, max(group_size) AS group_size, any_value(pg_ranks) AS pg_ranks
     FROM collectives WHERE job = $job AND kernel_name IS NOT NULL GROUP BY ALL
 )
-SELECT gk.rank, gk.kind, gk.name, gk.copy_kind, gk.x IS NOT NULL AS linked, op.op_name, op.dims, op.types,
-       op.concrete, max(gk.op_n) AS op_n, c.coll, c.in_n, c.out_n, c.cbytes, c.group_size, c.pg_ranks,
-       count(*) AS calls, sum(gk.dur) AS ns, sum(CASE WHEN gk.op_ns > 0 THEN gk.dur / gk.op_ns ELSE 1.0 END) AS share,
-       sum(gk.bytes) AS bytes, count(gk.bytes) AS n_bytes
-FROM gk LEFT JOIN op ON op.rank = gk.rank AND op.x = gk.x
-        LEFT JOIN c ON c.rank = gk.rank AND c.kernel_name = gk.name AND c.start_ns = gk.start_ns
-GROUP BY gk.rank, gk.kind, gk.name, gk.copy_kind, linked, op.op_name, op.dims, op.types, op.concrete, c.coll,
+SELECT gk.rank, gk.kind, gk.name, gk.copy_kind, gk.x IS NOT NULL OR gk.t IS NOT NULL AS linked, gk.op_name,
+       gk.dims, gk.types, gk.concrete, max(gk.op_n) AS op_n, c.coll, c.in_n, c.out_n, c.cbytes, c.group_size,
+       c.pg_ranks, count(*) AS calls, sum(gk.dur) AS ns,
+       sum(CASE WHEN gk.op_ns > 0 THEN gk.dur / gk.op_ns ELSE 1.0 END) AS share, sum(gk.bytes) AS bytes,
+       count(gk.bytes) AS n_bytes
+FROM gk LEFT JOIN c ON c.rank = gk.rank AND c.kernel_name = gk.name AND c.start_ns = gk.start_ns
+GROUP BY gk.rank, gk.kind, gk.name, gk.copy_kind, linked, gk.op_name, gk.dims, gk.types, gk.concrete, c.coll,
          c.in_n, c.out_n, c.cbytes, c.group_size, c.pg_ranks
 """
+
+_ENCL_SCHEMA = (("rank", "int32"), ("correlation", "int64"), ("op_name", "string"), ("dims", "string"),
+                ("types", "string"), ("concrete", "string"), ("op_key", "string"))
+
+
+def _enclosing_ops(con, job: str):
+    """Arrow table (rank, correlation) -> the innermost cpu op on the launching thread around the launch call,
+    for the kernel launches no cpu op claims by External id. One sweep per thread: ops in start order on a
+    stack (they nest), launches in time order."""
+    import pyarrow as pa
+
+    launches = con.execute(UNCLAIMED_SQL, {"job": job}).fetchall()
+    out: dict = {k: [] for k, _ in _ENCL_SCHEMA}
+    if launches:
+        con.register("_eff_launch", pa.table({"rank": [r[0] for r in launches], "pid": [r[1] for r in launches],
+                                              "tid": [r[2] for r in launches]}))
+        try:
+            ops = con.execute(THREAD_OPS_SQL, {"job": job}).fetchall()
+        finally:
+            con.unregister("_eff_launch")
+        by_thread: dict = {}
+        for o in ops:
+            by_thread.setdefault(o[:3], []).append(o)
+        li = 0
+        while li < len(launches):
+            thread = launches[li][:3]
+            tops, stack, oi = by_thread.get(thread, []), [], 0
+            while li < len(launches) and launches[li][:3] == thread:
+                t = launches[li][3]
+                while oi < len(tops) and tops[oi][3] <= t:
+                    while stack and stack[-1][4] <= tops[oi][3]:
+                        stack.pop()
+                    stack.append(tops[oi])
+                    oi += 1
+                while stack and stack[-1][4] <= t:
+                    stack.pop()
+                if stack:
+                    o = stack[-1]
+                    for k, v in zip(("rank", "correlation", "op_name", "dims", "types", "concrete", "op_key"),
+                                    (o[0], launches[li][4], o[5], o[6], o[7], o[8], f"{o[1]}:{o[2]}:{o[3]}")):
+                        out[k].append(v)
+                li += 1
+    return pa.table({k: pa.array(out[k], getattr(pa, t)()) for k, t in _ENCL_SCHEMA})
 
 
 def _loads(s):
@@ -334,7 +401,7 @@ def _op_work(op_name, dims_s, types_s, concrete_s, cache):
     dims, types = _loads(dims_s), _loads(types_s)
     out: tuple | str
     if not dims or not types or not any(isinstance(d, list) and d for d in dims):
-        out = f"no Input Dims on the launching op {op_name} (record_shapes off)"
+        out = f"no Input Dims on the launching op {op_name}"
     else:
         try:
             if op_name in GEMM_OPS:
@@ -417,7 +484,7 @@ def _row_work(r, peaks, hosts, cache):
     if not r["linked"]:
         return None, None, None, None, "no launching op linked (no External id or launch correlation)", None
     if r["op_name"] is None:
-        return None, None, None, None, "launch not inside a cpu op (no aten op to read shapes from)", None
+        return None, None, None, None, "no cpu op around the launch (no aten op to read shapes from)", None
     w = _op_work(r["op_name"], r["dims"], r["types"], r["concrete"], cache)
     if isinstance(w, str):
         return None, None, None, None, w, None
@@ -437,11 +504,16 @@ def compute_efficiency(con, job: str, device: str | None = None) -> tuple[list[d
     devs = resolve_devices(con, job, device)
     peaks_of = {p: _peaks(p) for p in {d["preset"] for d in devs.values()} if p}
     hosts = _hosts(con, job)
-    cur = con.execute(KERNELS_SQL, {"job": job})
-    cols = [d[0] for d in cur.description]
+    con.register("_eff_encl", _enclosing_ops(con, job))
+    try:
+        cur = con.execute(KERNELS_SQL, {"job": job})
+        cols = [d[0] for d in cur.description]
+        fetched = cur.fetchall()
+    finally:
+        con.unregister("_eff_encl")
     agg: dict = {}
     cache: dict = {}
-    for t in cur.fetchall():
+    for t in fetched:
         r = dict(zip(cols, t))
         dev = devs.get(r["rank"], {}).get("preset")
         peaks = peaks_of.get(dev)
