@@ -23,13 +23,14 @@ Work per kernel comes only from what the trace records:
 An op that launched several kernels shares its work among them by their time. Where the work is not known the
 row says why in ``note`` and leaves achieved/efficiency/lost empty: nothing is guessed. Ideal = work / peak,
 lost_ns = time_ns − ideal, efficiency = achieved / peak = ideal / time. Rows: one per (rank, kernel name, how
-the work was counted, note), stored in ``kernel_efficiency``.
+the work was counted, note), stored in ``kernel_efficiency``. A communication kernel's time includes waiting for
+the group's last member; once the job is attributed, ``wait_ns`` says how much of it that was (the straggler
+ledger's share, from collective_matches), so a low busbw from a late peer is told apart from a slow transfer.
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 import tomllib
 
 from analysis.classify import classify_kernel
@@ -38,9 +39,9 @@ from analysis.process_groups import canonical
 
 DDL = """job VARCHAR, rank INTEGER, kernel VARCHAR, kclass VARCHAR, calls BIGINT, time_ns BIGINT, work DOUBLE,
          achieved DOUBLE, peak DOUBLE, unit VARCHAR, efficiency DOUBLE, lost_ns BIGINT, algbw DOUBLE,
-         device VARCHAR, basis VARCHAR, note VARCHAR"""
+         wait_ns BIGINT, device VARCHAR, basis VARCHAR, note VARCHAR"""
 COLUMNS = ("job", "rank", "kernel", "kclass", "calls", "time_ns", "work", "achieved", "peak", "unit", "efficiency",
-           "lost_ns", "algbw", "device", "basis", "note")
+           "lost_ns", "algbw", "wait_ns", "device", "basis", "note")
 FLOPS, BYTES, BUSBW = "FLOP/s", "B/s", "B/s busbw"
 
 
@@ -313,7 +314,14 @@ FROM host_ops h SEMI JOIN (SELECT DISTINCT rank, pid, tid FROM _eff_launch) l
 WHERE h.job = $job AND h.cat = 'cpu_op'
 ORDER BY h.rank, h.pid, h.tid, h.start_ns, h.end_ns DESC"""
 
-KERNELS_SQL = f"""WITH {_RT}, gl AS (
+# with the job attributed: per communication kernel, the time it waited for the group's last member to arrive
+WAITS_SQL = """
+    SELECT rank, start_ns, end_ns, max(greatest(last_arrival_ns - arrival_ns, 0)) AS wait FROM collective_matches
+    WHERE job = $job AND matched GROUP BY ALL"""
+NO_WAITS_SQL = ("SELECT NULL::INTEGER AS rank, NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns, NULL::BIGINT AS wait "
+                "WHERE false")
+
+KERNELS_SQL = """WITH {rt}, gl AS (
     SELECT g.*, coalesce(byid.op_name, e.op_name) AS op_name, coalesce(byid.dims, e.dims) AS dims,
            coalesce(byid.types, e.types) AS types, coalesce(byid.concrete, e.concrete) AS concrete,
            CASE WHEN byid.op_name IS NOT NULL THEN 'x' || g.x WHEN e.op_name IS NOT NULL THEN e.op_key END AS op_key
@@ -330,13 +338,16 @@ KERNELS_SQL = f"""WITH {_RT}, gl AS (
     SELECT rank, kernel_name, start_ns, any_value(coll) AS coll, max(in_nelems) AS in_n, max(out_nelems) AS out_n,
            max(bytes) AS cbytes, max(group_size) AS group_size, any_value(pg_ranks) AS pg_ranks
     FROM collectives WHERE job = $job AND kernel_name IS NOT NULL GROUP BY ALL
+), cm AS ({waits}
 )
 SELECT gk.rank, gk.kind, gk.name, gk.copy_kind, gk.x IS NOT NULL OR gk.t IS NOT NULL AS linked, gk.op_name,
        gk.dims, gk.types, gk.concrete, max(gk.op_n) AS op_n, c.coll, c.in_n, c.out_n, c.cbytes, c.group_size,
        c.pg_ranks, count(*) AS calls, sum(gk.dur) AS ns,
        sum(CASE WHEN gk.op_ns > 0 THEN gk.dur / gk.op_ns ELSE 1.0 END) AS share, sum(gk.bytes) AS bytes,
-       count(gk.bytes) AS n_bytes
+       count(gk.bytes) AS n_bytes, sum(CASE WHEN cm.wait IS NOT NULL THEN least(cm.wait, gk.dur) END) AS wait_ns
 FROM gk LEFT JOIN c ON c.rank = gk.rank AND c.kernel_name = gk.name AND c.start_ns = gk.start_ns
+        LEFT JOIN cm ON cm.rank = gk.rank AND cm.start_ns = gk.start_ns AND cm.end_ns = gk.start_ns + gk.dur
+                     AND gk.kind = 'kernel'
 GROUP BY gk.rank, gk.kind, gk.name, gk.copy_kind, linked, gk.op_name, gk.dims, gk.types, gk.concrete, c.coll,
          c.in_n, c.out_n, c.cbytes, c.group_size, c.pg_ranks
 """
@@ -506,7 +517,9 @@ def compute_efficiency(con, job: str, device: str | None = None) -> tuple[list[d
     hosts = _hosts(con, job)
     con.register("_eff_encl", _enclosing_ops(con, job))
     try:
-        cur = con.execute(KERNELS_SQL, {"job": job})
+        have = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        sql = KERNELS_SQL.format(rt=_RT, waits=WAITS_SQL if "collective_matches" in have else NO_WAITS_SQL)
+        cur = con.execute(sql, {"job": job})
         cols = [d[0] for d in cur.description]
         fetched = cur.fetchall()
     finally:
@@ -523,13 +536,15 @@ def compute_efficiency(con, job: str, device: str | None = None) -> tuple[list[d
         kclass = r["kind"] if r["kind"] != "kernel" else classify_kernel(r["name"])[1]
         key = (r["rank"], r["name"], kclass, unit, peak, basis, note)
         a = agg.setdefault(key, {"calls": 0, "time_ns": 0, "work": None if work is None else 0.0,
-                                 "alg": None if alg is None else 0.0, "device": dev})
+                                 "alg": None if alg is None else 0.0, "wait": None, "device": dev})
         a["calls"] += int(r["calls"])
         a["time_ns"] += int(r["ns"])
         if work is not None:
             a["work"] += work
         if alg is not None:
             a["alg"] += alg
+        if r["wait_ns"] is not None:
+            a["wait"] = (a["wait"] or 0) + int(r["wait_ns"])
     rows = []
     for (rank, name, kclass, unit, peak, basis, note), a in agg.items():
         secs = a["time_ns"] / 1e9
@@ -542,7 +557,7 @@ def compute_efficiency(con, job: str, device: str | None = None) -> tuple[list[d
                      "time_ns": a["time_ns"], "work": a["work"], "achieved": achieved, "peak": peak, "unit": unit,
                      "efficiency": eff, "lost_ns": lost,
                      "algbw": a["alg"] / secs if a["alg"] is not None and secs > 0 else None,
-                     "device": a["device"], "basis": basis, "note": note})
+                     "wait_ns": a["wait"], "device": a["device"], "basis": basis, "note": note})
     rows.sort(key=lambda x: (x["lost_ns"] is None, -(x["lost_ns"] or 0), -x["time_ns"], x["rank"], x["kernel"]))
     return rows, devs
 
@@ -552,11 +567,13 @@ def store_efficiency(con, job: str, rows: list[dict]) -> None:
     import pyarrow as pa
 
     con.execute(f"CREATE TABLE IF NOT EXISTS kernel_efficiency ({DDL})")
+    # columns added since a store was first written
+    con.execute("ALTER TABLE kernel_efficiency ADD COLUMN IF NOT EXISTS wait_ns BIGINT")
     tbl = pa.table({c: [r[c] for r in rows] for c in COLUMNS}, schema=pa.schema([
         ("job", pa.string()), ("rank", pa.int32()), ("kernel", pa.string()), ("kclass", pa.string()),
         ("calls", pa.int64()), ("time_ns", pa.int64()), ("work", pa.float64()), ("achieved", pa.float64()),
         ("peak", pa.float64()), ("unit", pa.string()), ("efficiency", pa.float64()), ("lost_ns", pa.int64()),
-        ("algbw", pa.float64()), ("device", pa.string()), ("basis", pa.string()), ("note", pa.string())]))
+        ("algbw", pa.float64()), ("wait_ns", pa.int64()), ("device", pa.string()), ("basis", pa.string()), ("note", pa.string())]))
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM kernel_efficiency WHERE job = ?", [job])
@@ -574,27 +591,3 @@ def kernel_efficiency(con, job: str, device: str | None = None) -> tuple[list[di
     rows, devs = compute_efficiency(con, job, device)
     store_efficiency(con, job, rows)
     return rows, devs
-
-
-_UNIT_SCALE = {FLOPS: (1e12, "TFLOP/s"), BYTES: (1e9, "GB/s"), BUSBW: (1e9, "GB/s bus")}
-
-
-def human(value, unit) -> str:
-    """A rate in the unit's display scale (TFLOP/s, GB/s)."""
-    if value is None or unit is None:
-        return "-"
-    s, _ = _UNIT_SCALE[unit]
-    return f"{value / s:.1f}"
-
-
-def summary_of_missing(rows: list[dict]) -> list[tuple[str, int, int]]:
-    """(reason, kernels' calls, ns) of the rows with no work, largest time first; per-rank names folded by the
-    op name in the reason (the text before ':' is kept whole)."""
-    out: dict = {}
-    for r in rows:
-        if r["work"] is None:
-            k = re.sub(r"\s+", " ", r["note"] or "unknown")
-            c = out.setdefault(k, [0, 0])
-            c[0] += r["calls"]
-            c[1] += r["time_ns"]
-    return sorted(((k, c, n) for k, (c, n) in out.items()), key=lambda x: -x[2])

@@ -174,6 +174,13 @@ def test_generated_job_end_to_end(gen_store):
         assert x["achieved"] == pytest.approx(x["algbw"]) and x["achieved"] < 180e9
         c = truth["collectives"][0]
         assert c["dtype"] == "BFloat16" and x["work"] == pytest.approx(c["nelems"] * 2 * x["calls"])
+    # the job is attributed: each rank's all-reduce time waiting for the last member is the generator's planted
+    # wait (the straggler ledger); nothing else has a wait
+    for rank in (0, 1):
+        w = [x["wait_ns"] for x in rows if x["rank"] == rank and x["kclass"] == "allreduce"]
+        assert w == [sum(c["wait_ns"][rank] for c in truth["collectives"])]
+    assert sum(c["wait_ns"][0] for c in truth["collectives"]) > 1_000_000      # the planted straggler step
+    assert all(x["wait_ns"] is None for x in rows if x["kclass"] != "allreduce")
     # the generator records no shapes: its GEMMs say so and carry no efficiency
     gemm = [x for x in rows if x["kclass"] == "gemm" and "sm90_xmma" in x["kernel"]]
     assert gemm and all(x["efficiency"] is None and x["lost_ns"] is None and x["work"] is None for x in gemm)
