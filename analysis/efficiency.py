@@ -142,8 +142,9 @@ ATTENTION_OPS = {
 }
 
 
-def attention_flops(op: str, dims, types, concrete) -> tuple[float, str]:
-    """(FLOPs, math dtype kind) of an attention op; ValueError saying why when the trace does not give them."""
+def attention_flops(op: str, dims, types, concrete) -> tuple[float, str, bool]:
+    """(FLOPs, math dtype kind, causal) of an attention op; ValueError saying why when the trace does not give
+    them."""
     iq, ik, iv, layout, ic, ckind, passes = ATTENTION_OPS[op]
     q, k, v = (_mat(dims, types, i, 4) for i in (iq, ik, iv))
     if q is None or k is None or v is None:
@@ -168,7 +169,7 @@ def attention_flops(op: str, dims, types, concrete) -> tuple[float, str]:
     if causal and sq != sk:
         raise ValueError(f"{op}: causal with {sq} queries and {sk} keys: the mask's alignment is not recorded")
     pairs = sq * (sq + 1) / 2 if causal else sq * sk
-    return passes * 2.0 * b * h * pairs * (d + dvh), kind
+    return passes * 2.0 * b * h * pairs * (d + dvh), kind, causal
 
 
 # memory-bound ops by base name (aten:: and a trailing in-place '_' stripped): output of the broadcast shape
@@ -419,8 +420,9 @@ def _op_work(op_name, dims_s, types_s, concrete_s, cache):
                 f, kind = gemm_flops(op_name, dims, types)
                 out = (f, FLOPS, f"{op_name} {'2BMNK' if GEMM_OPS[op_name][2] else '2MNK'} {kind}", kind)
             elif op_name in ATTENTION_OPS:
-                f, kind = attention_flops(op_name, dims, types, _loads(concrete_s))
-                out = (f, FLOPS, f"{op_name} {'bwd 2.5x' if ATTENTION_OPS[op_name][6] > 1 else 'fwd'} {kind}", kind)
+                f, kind, causal = attention_flops(op_name, dims, types, _loads(concrete_s))
+                how = ("bwd 2.5x" if ATTENTION_OPS[op_name][6] > 1 else "fwd") + (" causal" if causal else "")
+                out = (f, FLOPS, f"{op_name} {how} {kind}", kind)
             elif op_name.startswith("aten::"):
                 b, how = memory_bytes(op_name, dims, types)
                 out = (b, BYTES, f"{op_name} {how}", None)
@@ -493,7 +495,7 @@ def _row_work(r, peaks, hosts, cache):
             basis = f"{canonical(r['coll']) or r['coll']} n={n} busbw x{f:.3g}"
         return size * f * r["calls"], BUSBW, peak, basis, note, size * r["calls"]
     if not r["linked"]:
-        return None, None, None, None, "no launching op linked (no External id or launch correlation)", None
+        return None, None, None, None, "no launch in the trace (no External id, no runtime call with its correlation)", None
     if r["op_name"] is None:
         return None, None, None, None, "no cpu op around the launch (no aten op to read shapes from)", None
     w = _op_work(r["op_name"], r["dims"], r["types"], r["concrete"], cache)

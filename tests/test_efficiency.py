@@ -52,13 +52,14 @@ def test_attention_flops():
     dims = [q, q, q] + [[]] * 12
     types = [BF] * 3 + [""] * 12
     conc = ["", "", "", "", "", "141", "141", "0.", "False", "False", "0.125", "", "", "", ""]
-    f, kind = attention_flops("aten::_flash_attention_forward", dims, types, conc)
-    assert (f, kind) == (4.0 * 1 * 8 * 141 * 141 * 64, "bf16")
+    assert attention_flops("aten::_flash_attention_forward", dims, types, conc) == (
+        4.0 * 1 * 8 * 141 * 141 * 64, "bf16", False)
     conc[8] = "True"
-    assert attention_flops("aten::_flash_attention_forward", dims, types, conc)[0] == 2.0 * 8 * (141 * 142 / 2) * 128
+    assert attention_flops("aten::_flash_attention_forward", dims, types, conc) == (
+        2.0 * 8 * (141 * 142 / 2) * 128, "bf16", True)
     # backward: 2.5 x forward; [B, H, S, D] layout of the sdpa ops
     bq = [2, 8, 256, 64]
-    f_b, _ = attention_flops("aten::_scaled_dot_product_flash_attention_backward", [bq] * 6 + [[]] * 9,
+    f_b, _, _ = attention_flops("aten::_scaled_dot_product_flash_attention_backward", [bq] * 6 + [[]] * 9,
                              [BF] * 6 + [""] * 9, [""] * 11 + ["False"] + [""] * 3)
     assert f_b == 2.5 * 4 * 2 * 8 * 256 * 256 * 64
     with pytest.raises(ValueError, match="is_causal not recorded"):
@@ -276,3 +277,19 @@ def test_real_a100_trace_links_launches_by_thread(db):
     assert all(0 < x["efficiency"] <= 1 for x in rows if x["efficiency"] is not None)
     comm = [x for x in rows if x["kclass"] == "allreduce"]
     assert comm and all(x["note"] == "allreduce: message size or dtype not recorded" for x in comm)
+
+
+def test_shipped_four_rank_job_all_reduce_bus_bytes(db):
+    """The shipped 4-rank data-parallel job: each all-reduce moves 2(n-1)/n = 1.5 times its buffer over the bus,
+    the buffer being the ground truth's gradient elements in bf16."""
+    ingest_paths(db, [str(ROOT / "sample_traces" / "dp4")])
+    gt = json.loads((ROOT / "sample_traces" / "dp4" / "ground_truth.json").read_text())
+    rows, _ = compute_efficiency(db, "dp4")
+    ar = [x for x in rows if x["kclass"] == "allreduce"]
+    assert sorted(x["rank"] for x in ar) == [0, 1, 2, 3]
+    size = gt["collectives"][0]["nelems"] * 2
+    for x in ar:
+        assert x["calls"] == len(gt["collectives"]) and x["basis"].startswith("allreduce n=4 busbw x1.5")
+        assert x["work"] == pytest.approx(1.5 * size * x["calls"])
+        assert x["achieved"] == pytest.approx(1.5 * x["algbw"]) and 0 < x["efficiency"] <= 1
+        assert x["algbw"] == pytest.approx(size * x["calls"] / (x["time_ns"] / 1e9))
