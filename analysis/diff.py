@@ -6,6 +6,11 @@ job's total over all ranks in that step. ``diff_jobs`` compares the per-step mea
 bootstrap of the difference (steps resampled with replacement within each job, seeded: the same inputs give the
 same interval), its confidence held for the whole table (Bonferroni over the rows). A row is significant when the interval excludes zero and the change is at least ``floor`` of
 A's step (all ranks' windows): a shift smaller than that is not worth a reader's time even when it is real.
+
+``diff_jobs`` is ``step_samples`` (one job's per-step sums, read from a store) for each job, then ``diff_samples``
+(the comparison, a pure function of the two jobs' samples): a caller that kept the samples elsewhere (the nightly
+batch keeps each night's) compares them without the jobs' rows. The bootstrap runs a few keys at a time, so
+its memory stays bounded on long jobs with many kernels; the values are those of one pass.
 """
 from __future__ import annotations
 
@@ -34,8 +39,10 @@ def normalise_kernel(name: str) -> str:
     return _NUM.sub("#", s).strip()
 
 
-def _samples(con, job: str) -> tuple[list, dict]:
-    """Per level and key, the time per step (sum over ranks) as {(level, key): {step: ns}}; and the steps."""
+def step_samples(con, job: str) -> tuple[list, dict]:
+    """JOB's steps, and per level and key the time per step (sum over ranks) as {(level, key): {step: ns}}.
+
+    Every step is a key of ``("ledger", "step")``'s samples (its windows' sum, 0 included)."""
     have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     if not {"step_windows", "ledger_totals", "ledger_intervals", "kernel_classes"} <= have:
         raise DiffError(f"job {job!r} has no attributed steps: run `ninefold attribute` first")
@@ -78,6 +85,9 @@ def _matrix(keys, samples, steps):
     return m
 
 
+_BOOT_CELLS = 1 << 24   # bootstrap cells (keys x resamples x steps) held at once
+
+
 def diff_jobs(con, job_a: str, job_b: str, resamples: int = 4000, confidence: float = 0.95,
               floor: float = 0.005, seed: int = 0) -> list[dict]:
     """One row per (level, key) present in A or B: a_ns / b_ns (time per step, all ranks), delta_ns, delta_share
@@ -85,17 +95,30 @@ def diff_jobs(con, job_a: str, job_b: str, resamples: int = 4000, confidence: fl
     for j in (job_a, job_b):
         if not con.execute("SELECT count(*) FROM traces WHERE job = ?", [j]).fetchone()[0]:
             raise DiffError(f"no job {j!r} in the store")
-    sa, xa = _samples(con, job_a)
-    sb, xb = _samples(con, job_b)
+    sa, xa = step_samples(con, job_a)
+    sb, xb = step_samples(con, job_b)
+    return diff_samples(sa, xa, sb, xb, resamples=resamples, confidence=confidence, floor=floor, seed=seed)
+
+
+def diff_samples(sa: list, xa: dict, sb: list, xb: dict, resamples: int = 4000, confidence: float = 0.95,
+                 floor: float = 0.005, seed: int = 0) -> list[dict]:
+    """``diff_jobs`` over two jobs' ``step_samples`` (steps, {(level, key): {step: ns}}): the same rows."""
+    if not sa or not sb:
+        raise DiffError("a job without steps cannot be compared")
     keys = sorted(set(xa) | set(xb), key=lambda k: (LEVELS.index(k[0]), k[1]))
     a, b = _matrix(keys, xa, sa), _matrix(keys, xb, sb)
     rng = np.random.default_rng(seed)
     ia = rng.integers(0, a.shape[1], size=(resamples, a.shape[1]))
     ib = rng.integers(0, b.shape[1], size=(resamples, b.shape[1]))
-    boot = b[:, ib].mean(axis=2) - a[:, ia].mean(axis=2)  # [key, resample]
     # the confidence holds for the whole table, not per row (Bonferroni over the rows compared)
     alpha = (1 - confidence) / max(1, len(keys))
-    lo, hi = np.percentile(boot, [alpha / 2 * 100, (1 - alpha / 2) * 100], axis=1)
+    lo, hi = np.empty(len(keys)), np.empty(len(keys))
+    # the bootstrap a few keys at a time (each key's interval is its own): memory bounded, the same values
+    chunk = max(1, _BOOT_CELLS // max(1, resamples * max(a.shape[1], b.shape[1])))
+    for k0 in range(0, len(keys), chunk):
+        k1 = min(len(keys), k0 + chunk)
+        boot = b[k0:k1, ib].mean(axis=2) - a[k0:k1, ia].mean(axis=2)  # [key, resample]
+        lo[k0:k1], hi[k0:k1] = np.percentile(boot, [alpha / 2 * 100, (1 - alpha / 2) * 100], axis=1)
     ma, mb = a.mean(axis=1), b.mean(axis=1)
     step_a = ma[keys.index(("ledger", "step"))]
     rows = []
