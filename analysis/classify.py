@@ -20,8 +20,9 @@ RULES = [
     (r"nvshmem", "comm", "nvshmem"),
     # DeepEP-style expert parallel dispatch/combine: communication that is not NCCL
     (r"deep_ep::|intranode::(dispatch|combine)|internode::(dispatch|combine)|internode_ll::", "comm", "alltoall"),
-    (r"gemm|matmul|cutlass|cublas|xmma|nvjet|wgmma|_mm_|Cijk_|hipblaslt|sgemm|hgemm", "compute", "gemm"),
+    # attention before gemm: flash kernels carry cutlass:: in their template arguments
     (r"flash|fmha|attention|attn|sdpa|softmax", "compute", "attention"),
+    (r"gemm|matmul|cutlass|cublas|xmma|nvjet|wgmma|_mm_|Cijk_|hipblaslt|sgemm|hgemm", "compute", "gemm"),
     (r"adam|sgd|optimizer|multi_tensor_apply|fused_optim", "compute", "optimizer"),
     (r"reduce|norm|sum_kernel|mean|argmax|welford", "compute", "reduction"),
     (r"elementwise|vectorized|unrolled|triton_|copy_kernel|fill|cat_|index|gelu|silu|relu|add|mul", "compute",

@@ -15,6 +15,9 @@ from analysis.classify import classify_kernel
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", ("compute", "gemm")),
     ("Cijk_Alik_Bljk_HHS_BH_MT128x128x32", ("compute", "gemm")),
     ("flash_fwd_kernel", ("compute", "attention")),
+    # flash kernels carry cutlass:: in their template arguments: still attention, not gemm
+    ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>"
+     "(Flash_fwd_params)", ("compute", "attention")),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", ("compute", "elementwise")),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", ("compute", "optimizer")),
     ("_combined_routing_kernel", ("compute", "other")),  # MoE routing is compute, not comm
