@@ -2,6 +2,7 @@
 with known, planted timings.  Standard library only.
 
     python -m sample_traces.generate OUT_DIR [--ranks 4] [--steps 3] [--seed 0] [--gzip] [--target-mb N]
+        [--gemm-scale F] [--straggler-delay-ns N] [--host-gap-ns N]
 
 writes ``OUT_DIR/rank-<r>.json`` (``.json.gz`` with --gzip) and ``OUT_DIR/ground_truth.json``.
 ``generate(out_dir, ...)`` does the same and returns the ground-truth dict.
@@ -27,7 +28,7 @@ from .kineto_writer import _TAILS, _j, _union_ns  # noqa: F401
 
 
 # ====================================================================== data-parallel steps
-def _phase_forward_backward(rt: RankTrace, S, layers, ckpt_layers, st):
+def _phase_forward_backward(rt: RankTrace, S, layers, ckpt_layers, st, host_gap_ns=HOST_GAP_NS):
     rng = rt.rng
     # (d) dataloader wait
     dl_s = S + 4000 + rng.randrange(4000)
@@ -62,7 +63,7 @@ def _phase_forward_backward(rt: RankTrace, S, layers, ckpt_layers, st):
                 # (c) host launch gap: aten::item syncs, then python overhead delays the next launch
                 prev_end = rt.g
                 item_s = rt.c
-                assert item_s + 20_000 < prev_end + HOST_GAP_NS - LAUNCH_LAT_NS - 3000
+                assert not host_gap_ns or item_s + 20_000 < prev_end + host_gap_ns - LAUNCH_LAT_NS - 3000
                 sync_s = item_s + 2000
                 sync_e = max(sync_s + 3000, prev_end + 1500)
                 x, cid = rt.ids()
@@ -72,10 +73,11 @@ def _phase_forward_backward(rt: RankTrace, S, layers, ckpt_layers, st):
                        f'{{"External id": {x2}}}')
                 rt.runtime("cudaStreamSynchronize", sync_s, sync_e - sync_s, cid, x2, 131)
                 rt.c = sync_e + 3000
-                ks, _ = rt.op_kernel(cname, kname, rt.jitter(base),
-                                     rt_at=prev_end + HOST_GAP_NS - LAUNCH_LAT_NS)
-                assert ks - prev_end == HOST_GAP_NS
-                st["host_launch_gap"] = {"ns": HOST_GAP_NS, "start_true_ns": BASE_TIME_NS + prev_end,
+                # without a planted gap the kernel is launched as soon as the sync returns (the same draws)
+                at = prev_end + host_gap_ns - LAUNCH_LAT_NS if host_gap_ns else rt.c + 3000
+                ks, _ = rt.op_kernel(cname, kname, rt.jitter(base), rt_at=at)
+                assert ks - prev_end == host_gap_ns or not host_gap_ns
+                st["host_launch_gap"] = {"ns": host_gap_ns, "start_true_ns": BASE_TIME_NS + prev_end,
                                          "end_true_ns": BASE_TIME_NS + ks,
                                          "start_abs_ns": BASE_TIME_NS + prev_end + rt.off,
                                          "end_abs_ns": BASE_TIME_NS + ks + rt.off,
@@ -125,9 +127,10 @@ def _comm_args(coll, nelems, group_size, pg_name, pg_desc, pg_ranks, rank, seq):
             f'"Process Group Ranks": "[{", ".join(str(r) for r in pg_ranks)}]", "Rank": {rank}, "Seq": {seq}')
 
 
-def launch_comm(rt: RankTrace, comm_args, arrival_at=None, ready=None):
+def launch_comm(rt: RankTrace, comm_args, arrival_at=None, ready=None, extra=None):
     """record_param_comms cpu_op + cudaLaunchKernel.  Returns (arrival, x, cid).
-    The kernel itself is written later by finish_comm once the common end is known."""
+    The kernel itself is written later by finish_comm once the common end is known. EXTRA: the kernel's start
+    after the stream is ready beyond 1 us (default a random draw of up to 0.5 us)."""
     rng = rt.rng
     x, cid = rt.ids()
     pre = 3000
@@ -135,7 +138,8 @@ def launch_comm(rt: RankTrace, comm_args, arrival_at=None, ready=None):
     if arrival_at is None:
         t0 = rt.c
         rtt = t0 + pre
-        arrival = max(rtt + LAUNCH_LAT_NS, (rt.g if ready is None else ready) + 1000 + rng.randrange(500))
+        extra = rng.randrange(500) if extra is None else extra
+        arrival = max(rtt + LAUNCH_LAT_NS, (rt.g if ready is None else ready) + 1000 + extra)
     else:
         arrival = arrival_at
         rtt = arrival - LAUNCH_LAT_NS
@@ -187,9 +191,16 @@ def _phase_after_collective(rt: RankTrace, coll_end, st):
     return rt.c
 
 
-def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm_scale=1.0):
+def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm_scale=1.0,
+             straggler_delay_ns=STRAGGLER_DELAY_NS, host_gap_ns=HOST_GAP_NS):
     """Write rank-<r>.json[.gz] + ground_truth.json into out_dir; return the ground truth dict. GEMM_SCALE
-    stretches every GEMM kernel (the same seed's job with slower GEMMs: every other draw is the same)."""
+    stretches every GEMM kernel (the same seed's job with slower GEMMs: every other draw is the same).
+    STRAGGLER_DELAY_NS: how late the last rank arrives at the all-reduce of step index STRAGGLER_STEP_INDEX
+    after the others; 0 = it arrives when its own GPU work is done (the twin without the straggler).
+    HOST_GAP_NS: the planted host launch gap of each step (>= 50 us); 0 = the kernel after the aten::item
+    sync is launched as soon as the sync returns. Twins share every random draw."""
+    if host_gap_ns and host_gap_ns < 50_000:
+        raise ValueError(f"host_gap_ns {host_gap_ns}: 0 or at least 50000")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     W = int(ranks)
@@ -226,19 +237,24 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm
             rt.compute_ns = 0
             rt.kernel_count = 0
             st = {"step": step_no, "index": n}
-            _phase_forward_backward(rt, S, layers, ckpt_layers, st)
+            _phase_forward_backward(rt, S, layers, ckpt_layers, st, host_gap_ns)
             sts.append(st)
         # (b) all-reduce
         seq = n + 1
         is_strag = (n == STRAGGLER_STEP_INDEX and W > 1)
+        delay = straggler_delay_ns if is_strag else 0
         arrivals = [None] * W
         launched = [None] * W
         cargs = [_comm_args("allreduce", nelems, W, "0", "default_pg", pg_ranks, r, seq) for r in range(W)]
         order = list(range(W - 1)) + [W - 1]
         for r in order:
-            if is_strag and r == W - 1:
-                target = max(arrivals[:W - 1]) + STRAGGLER_DELAY_NS
+            if is_strag and r == W - 1 and delay:
+                target = max(arrivals[:W - 1]) + delay
                 launched[r] = launch_comm(rts[r], cargs[r], arrival_at=target)
+            elif is_strag and r == W - 1:
+                # the twin: launched as soon as its host gets there, like the others, with no random draw
+                # (as when planted): the kernel starts when its stream is ready
+                launched[r] = launch_comm(rts[r], cargs[r], extra=250)
             else:
                 launched[r] = launch_comm(rts[r], cargs[r])
             arrivals[r] = launched[r][0]
@@ -260,12 +276,12 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm
                 "abs_end_ns": [BASE_TIME_NS + end + rt.off for rt in rts],
                 "last_arrival_rank": arrivals.index(last),
                 "wait_ns": [last - a for a in arrivals],
-                "planted_delay_ns": STRAGGLER_DELAY_NS if is_strag else 0,
-                "straggler_rank": (W - 1) if is_strag else None}
+                "planted_delay_ns": delay,
+                "straggler_rank": (W - 1) if is_strag and delay else None}
         collectives.append(coll)
-        if is_strag:
+        if is_strag and delay:
             straggler = {"step": step_no, "step_index": n, "rank": W - 1, "seq": seq,
-                         "delay_ns": STRAGGLER_DELAY_NS,
+                         "delay_ns": delay,
                          "definition": "arrival[rank] - max(arrival of all other ranks)"}
         cpu_ends = [_phase_after_collective(rt, end, sts[r]) for r, rt in enumerate(rts)]
         S_next = max(cpu_ends) + STEP_SEPARATION_NS
@@ -304,8 +320,8 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm
             "true_ns": "absolute Unix ns on the shared true clock",
             "abs_ns": "absolute Unix ns as written in that rank's file = base + ts*1000 = true + clock_offset_ns",
         },
-        "constants": {"host_launch_gap_ns": HOST_GAP_NS, "dataloader_ns": DATALOADER_NS,
-                      "straggler_delay_ns": STRAGGLER_DELAY_NS, "device": DEVICE,
+        "constants": {"host_launch_gap_ns": host_gap_ns, "dataloader_ns": DATALOADER_NS,
+                      "straggler_delay_ns": straggler_delay_ns, "device": DEVICE,
                       "compute_stream": COMPUTE_STREAM, "comm_stream": COMM_STREAM},
         "straggler": straggler,
         "collectives": collectives,
@@ -359,11 +375,15 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gzip", action="store_true")
     ap.add_argument("--gemm-scale", type=float, default=1.0, help="stretch every GEMM kernel by this factor")
+    ap.add_argument("--straggler-delay-ns", type=int, default=STRAGGLER_DELAY_NS,
+                    help="the planted straggler's late arrival (0: the same job without it)")
+    ap.add_argument("--host-gap-ns", type=int, default=HOST_GAP_NS,
+                    help="the planted host launch gap per step (0: the same job without it)")
     ap.add_argument("--target-mb", type=float, default=None,
                     help="repeat steps (32 layers/step) until every rank file is >= N MiB (uncompressed)")
     a = ap.parse_args(argv)
     gt = generate(a.out_dir, ranks=a.ranks, steps=a.steps, seed=a.seed, gzip=a.gzip, target_mb=a.target_mb,
-                  gemm_scale=a.gemm_scale)
+                  gemm_scale=a.gemm_scale, straggler_delay_ns=a.straggler_delay_ns, host_gap_ns=a.host_gap_ns)
     print(json.dumps({"out_dir": a.out_dir, "ranks": gt["world_size"], "steps": gt["num_steps"],
                       "bytes": [r["uncompressed_bytes"] for r in gt["ranks"]]}))
 
