@@ -1,0 +1,121 @@
+"""`ninefold critical-path` and `ninefold whatif`: which time sets each step, and what the step would take without
+a ledger's time or with a kernel class sped up (analysis.critical_path, analysis.whatif)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from store.errors import NinefoldError
+
+
+def _ms(ns):
+    return f"{ns / 1e6:10.3f}"
+
+
+def _scale_opts(items):
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            sep = ""
+        if not sep or not k:
+            click.echo(f"error: --scale {it!r}: write KERNEL_CLASS=FACTOR, e.g. gemm=0.5", err=True)
+            sys.exit(2)
+    return out
+
+
+def register(cli) -> None:
+    @cli.command("critical-path")
+    @click.option("--db", required=True)
+    @click.option("--job", required=True)
+    @click.option("--step", "steps", type=int, multiple=True, help="only these steps (as in step_windows)")
+    @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+    @click.option("--top", type=int, default=5, show_default=True, help="pieces named per step")
+    def critical_path_cmd(db, job, steps, fmt, top):
+        """The cross-rank critical path of each step: what it is made of, per ledger and per rank, and the
+        pieces that weigh most. Stored in the critical_path table."""
+        from analysis.critical_path import CriticalPathError, critical_path
+        from store.connection import connect
+
+        try:
+            con = connect(db)
+            res = critical_path(con, job, steps=set(steps) or None)
+            con.close()
+        except (CriticalPathError, NinefoldError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        if fmt == "json":
+            click.echo(json.dumps(res["steps"], indent=1))
+            return
+        for s in res["steps"]:
+            L = s["length_ns"]
+            click.echo(f"step {s['step']}: critical path {L / 1e6:.3f} ms (the step window {s['window_ns'] / 1e6:.3f}"
+                       f" ms) in {s['pieces']} pieces")
+            led = ", ".join(f"{k} {v / L:.1%}" for k, v in sorted(s["ledgers"].items(), key=lambda kv: -kv[1])
+                            if v)
+            rk = ", ".join(f"rank {k} {v / L:.1%}" for k, v in sorted(s["ranks"].items(), key=lambda kv: -kv[1]))
+            click.echo(f"  by ledger: {led}")
+            click.echo(f"  by rank:   {rk}")
+            for t in s["top"][:top]:
+                what = t["what"] if len(t["what"]) <= 70 else t["what"][:67] + "..."
+                click.echo(f"  {t['ns'] / L:6.1%}  rank {t['rank']:<4d} {t['ledger']:13s} {what}")
+
+    @cli.command()
+    @click.option("--db", required=True)
+    @click.option("--job", required=True)
+    @click.option("--remove", multiple=True,
+                  help="a ledger's time taken away: straggler, bubble, host, io, memcpy, exposed_comm, idle, or "
+                       "launch_gaps (the host's gaps after a synchronize); repeatable")
+    @click.option("--scale", multiple=True, help="KERNEL_CLASS=FACTOR: that class's kernels take FACTOR times as "
+                                                  "long (gemm=0.5); repeatable")
+    @click.option("--step", "steps", type=int, multiple=True, help="only these steps")
+    @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+    def whatif(db, job, remove, scale, steps, fmt):
+        """The step time projected on the step's dependency graph with a change. Without --remove or --scale:
+        every single-ledger removal ranked by the time it would save (what to fix first)."""
+        from analysis.whatif import WhatIfError, rank_removals
+        from analysis.whatif import whatif as run_whatif
+        from store.connection import connect
+
+        sc = _scale_opts(scale)
+        try:
+            con = connect(db, read_only=True)
+            if not remove and not sc:
+                rows = rank_removals(con, job, steps=set(steps) or None)
+                res = None
+            else:
+                res = run_whatif(con, job, remove=tuple(remove), scale=sc, steps=set(steps) or None)
+            con.close()
+        except (WhatIfError, NinefoldError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        if res is None:
+            if fmt == "json":
+                click.echo(json.dumps(rows, indent=1))
+                return
+            m = rows[0]["measured_ns"] if rows else 0
+            click.echo(f"{job}: {m / 1e6:.3f} ms over its steps; each removal replayed on the step graphs")
+            click.echo(f"{'remove':14s} {'projected ms':>12s} {'saved ms':>10s} {'speed-up':>9s} "
+                       f"{'ledger ms':>10s}  (ledger ms: all ranks; saved: the step time)")
+            for r in rows:
+                click.echo(f"{r['remove']:14s} {r['projected_ns'] / 1e6:12.3f} {r['saved_ns'] / 1e6:10.3f} "
+                           f"{r['speedup']:8.3f}x " + (f"{r['ledger_ns'] / 1e6:10.3f}" if r["ledger_ns"] is not None else
+                                                       f"{'-':>10s}"))
+            return
+        if fmt == "json":
+            click.echo(json.dumps(res, indent=1, default=str))
+            return
+        what = ", ".join([f"without {x}" for x in remove] + [f"{k} x{v:g}" for k, v in sc.items()])
+        click.echo(f"{job} {what}: {res['measured_ns'] / 1e6:.3f} ms -> {res['projected_ns'] / 1e6:.3f} ms "
+                   f"(saves {res['saved_ns'] / 1e6:.3f} ms, {res['speedup']:.3f}x)")
+        click.echo(f"{'step':>6s} {'measured ms':>11s} {'projected ms':>12s} {'saved ms':>10s}  new critical path")
+        for s in res["steps"]:
+            L = sum(s["path_kinds"].values()) or 1
+            kinds = ", ".join(f"{k} {v / L:.0%}" for k, v in sorted(s["path_kinds"].items(), key=lambda kv: -kv[1]))
+            ranks = ", ".join(f"r{k} {v / L:.0%}" for k, v in sorted(s["path_ranks"].items(), key=lambda kv: -kv[1]))
+            click.echo(f"{s['step']:6d} {s['measured_ns'] / 1e6:11.3f} {s['projected_ns'] / 1e6:12.3f} "
+                       f"{s['saved_ns'] / 1e6:10.3f}  {kinds}; {ranks}")
