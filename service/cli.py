@@ -331,6 +331,10 @@ EXAMPLES = {
     "nccl": "ninefold nccl --db nf.duckdb --job run42",
     "hang": "ninefold hang --db nf.duckdb --job run42 --format json",
     "diff": "ninefold diff --db nf.duckdb last_night tonight   (--format json for every row)",
+    "critical-path": "ninefold critical-path --db nf.duckdb --job run42 --step 12",
+    "whatif": "ninefold whatif --db nf.duckdb --job run42   |   ninefold whatif --db nf.duckdb --job run42 "
+              "--remove straggler --scale gemm=0.8",
+    "export": "ninefold export --db nf.duckdb --job run42 --step 12 --out step12.json   (open in ui.perfetto.dev)",
 }
 for _name, _ex in EXAMPLES.items():
     if _name in cli.commands:

@@ -119,3 +119,25 @@ def register(cli) -> None:
             ranks = ", ".join(f"r{k} {v / L:.0%}" for k, v in sorted(s["path_ranks"].items(), key=lambda kv: -kv[1]))
             click.echo(f"{s['step']:6d} {s['measured_ns'] / 1e6:11.3f} {s['projected_ns'] / 1e6:12.3f} "
                        f"{s['saved_ns'] / 1e6:10.3f}  {kinds}; {ranks}")
+
+    @cli.command()
+    @click.option("--db", required=True)
+    @click.option("--job", required=True)
+    @click.option("--step", "steps", type=int, multiple=True, help="only these steps (default: all)")
+    @click.option("--rank", type=int, default=None, help="only this rank (a file ninefold ingests as that rank)")
+    @click.option("--out", required=True, help="the Chrome-trace JSON to write (.json or .json.gz)")
+    def export(db, job, steps, rank, out):
+        """The job as one Chrome-trace JSON for the Perfetto UI or chrome://tracing: each rank's host threads and
+        GPU streams on the reference clock, a ledger track and the critical path with arrows across ranks (run
+        `ninefold critical-path` first to include it)."""
+        from analysis.export import ExportError, write_trace
+        from store.connection import connect
+
+        try:
+            con = connect(db, read_only=True)
+            p = write_trace(con, job, out, steps=set(steps) or None, rank=rank)
+            con.close()
+        except (ExportError, NinefoldError, OSError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        click.echo(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB): open it in the Perfetto UI or chrome://tracing")

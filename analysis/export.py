@@ -1,0 +1,190 @@
+"""A stored job as one Chrome-trace JSON that the Perfetto UI and chrome://tracing open, and that ninefold ingests
+again: per rank its host threads and GPU streams as they were recorded, a ledger track (each charged interval named
+by its ledger, the drill-down keys as args) and a critical-path track (analysis.critical_path) with flow arrows
+where the path moves to another rank. Times are on the reference clock (each rank's clock offset applied), written
+as microseconds with three decimals after ``baseTimeNanoseconds``, so every nanosecond survives a re-ingest.
+
+Processes: rank R's host is pid 10*R + 1 and its GPU pid 10*R + 2 (thread ids as recorded; GPU threads are its
+streams; the ledger and critical-path tracks are threads of the GPU process).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LEDGER_TID = 1_000_001
+PATH_TID = 1_000_002
+GPU_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync"}
+DRILL_KEYS = ("op_name", "pg_name", "seq", "kclass", "coll", "bytes", "group_size", "axis", "algorithm",
+              "protocol", "n_channels", "copy_kind")
+
+
+class ExportError(Exception):
+    pass
+
+
+def _us(ns: int) -> str:
+    """ns as microseconds with exactly three decimals (no float on the way)."""
+    sign = "-" if ns < 0 else ""
+    ns = abs(int(ns))
+    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
+def _ev(ph, cat, name, pid, tid, ts, dur=None, args=None, extra="") -> str:
+    s = (f'{{"ph": "{ph}", "cat": {json.dumps(cat)}, "name": {json.dumps(name)}, "pid": {pid}, "tid": {tid}, '
+         f'"ts": {ts}')
+    if dur is not None:
+        s += f', "dur": {dur}'
+    if args is not None:
+        s += f', "args": {args}'
+    return s + extra + "}"
+
+
+def _meta(pid, tid, what, name, sort=None) -> str:
+    s = f'{{"ph": "M", "name": "{what}", "pid": {pid}, "tid": {tid}, "args": {{"name": {json.dumps(name)}}}}}'
+    if sort is None:
+        return s
+    return s + f',\n{{"ph": "M", "name": "{what.split("_")[0]}_sort_index", "pid": {pid}, "tid": {tid}, ' \
+               f'"args": {{"sort_index": {sort}}}}}'
+
+
+def _has(con, table):
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                            [table]).fetchone()[0])
+
+
+def export_trace(con, job: str, steps=None, rank=None) -> str:
+    """The Chrome-trace JSON text of JOB (all its steps, or STEPS; all ranks, or RANK)."""
+    if not _has(con, "step_windows") or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?",
+                                                        [job]).fetchone()[0]:
+        raise ExportError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
+    off = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE job = ?", [job]).fetchall())
+    win = con.execute("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE job = ? ORDER BY rank, step",
+                      [job]).fetchall()
+    ranks = sorted({r for r, *_ in win})
+    if rank is not None:
+        if rank not in ranks:
+            raise ExportError(f"job {job!r} has no rank {rank} (ranks {ranks[0]}..{ranks[-1]})")
+        ranks = [rank]
+    if steps is not None:
+        have = {s for _, s, _, _ in win}
+        missing = sorted(set(steps) - have)
+        if missing:
+            raise ExportError(f"job {job!r} has no step {', '.join(map(str, missing))}")
+    span = {}
+    for r, s, a, b in win:
+        if r in ranks and (steps is None or s in steps):
+            lo, hi = span.get(r, (a, b))
+            span[r] = (min(lo, a), max(hi, b))
+    if steps is None:  # every event of the rank, not only those inside its steps
+        for r, a, b in con.execute("SELECT rank, min(start_ns), max(end_ns) FROM (SELECT rank, start_ns, end_ns "
+                                   "FROM host_ops WHERE job = ? UNION ALL SELECT rank, start_ns, end_ns FROM "
+                                   "gpu_ops WHERE job = ?) GROUP BY rank", [job, job]).fetchall():
+            if r in span:
+                span[r] = (min(span[r][0], a), max(span[r][1], b))
+    base = min(a - int(off.get(r, 0) or 0) for r, (a, _) in span.items())
+    base -= base % 1000
+    tr = con.execute("SELECT rank, world_size, device_name FROM traces WHERE job = ?", [job]).fetchall()
+    world = max([w or 0 for _, w, _ in tr] + [len(ranks)])
+    dev = next((d for _, _, d in tr if d), None)
+    out = []
+    for r in ranks:
+        o = int(off.get(r, 0) or 0)
+        a, b = span[r]
+        hp, gp = 10 * r + 1, 10 * r + 2
+        out.append(_meta(hp, 0, "process_name", f"rank {r} host", 2 * r))
+        out.append(_meta(gp, 0, "process_name", f"rank {r} GPU", 2 * r + 1))
+        out.append(_meta(gp, LEDGER_TID, "thread_name", "ledgers", 0))
+        out.append(_meta(gp, PATH_TID, "thread_name", "critical path", 1))
+        for cat, name, tid, s, e, x, c, args in con.execute(
+                "SELECT cat, name, tid, start_ns, end_ns, external_id, correlation, args FROM host_ops "
+                "WHERE job = ? AND rank = ? AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns, end_ns DESC",
+                [job, r, a, b]).fetchall():
+            if args is None:
+                kv = {}
+                if x is not None:
+                    kv["External id"] = x
+                if c is not None:
+                    kv["correlation"] = c
+                args = json.dumps(kv)
+            out.append(_ev("X", cat, name, hp, tid if tid is not None else 0, _us(s - o - base), _us(e - s), args))
+        for kind, name, stream, s, e, args in con.execute(
+                "SELECT kind, name, stream, start_ns, end_ns, args FROM gpu_ops WHERE job = ? AND rank = ? "
+                "AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns", [job, r, a, b]).fetchall():
+            out.append(_ev("X", GPU_CAT.get(kind, kind), name, gp, stream if stream is not None else 0,
+                           _us(s - o - base), _us(e - s), args or "{}"))
+        out.extend(_ledger_events(con, job, r, o, base, gp, steps))
+    out.extend(_path_events(con, job, ranks, base, steps))
+    head = {"schemaVersion": 1, "displayTimeUnit": "ns", "baseTimeNanoseconds": base,
+            "ninefold": {"job": job, "steps": sorted(steps) if steps is not None else "all",
+                         "clock": "reference (clock_offsets applied)"}}
+    if rank is not None:
+        head["distributedInfo"] = {"rank": rank, "world_size": world}
+    if dev:
+        head["deviceProperties"] = [{"id": 0, "name": dev}]
+    h = json.dumps(head)[:-1]
+    return h + ', "traceEvents": [\n' + ",\n".join(out) + "\n]}\n"
+
+
+def _ledger_events(con, job, r, o, base, gp, steps):
+    table = "ledger_drilldown" if _has(con, "ledger_drilldown") else "ledger_intervals"
+    cols = [c for (c,) in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                                      [table]).fetchall()]
+    keys = [k for k in DRILL_KEYS if k in cols]
+    q = (f"SELECT step, ledger, start_ns, end_ns{''.join(', ' + k for k in keys)} FROM {table} "
+         "WHERE job = ? AND rank = ?")
+    params = [job, r]
+    if steps is not None:
+        q += " AND list_contains(?::INTEGER[], step)"
+        params.append(sorted(steps))
+    for row in con.execute(q + " ORDER BY start_ns", params).fetchall():
+        step, led, s, e = row[:4]
+        kv = {"step": step}
+        kv.update({k: v for k, v in zip(keys, row[4:]) if v is not None})
+        yield _ev("X", "ninefold_ledger", led, gp, LEDGER_TID, _us(s - o - base), _us(e - s),
+                  json.dumps(kv, default=str))
+
+
+def _path_events(con, job, ranks, base, steps):
+    if not _has(con, "critical_path"):
+        return
+    q = ("SELECT step, seq, rank, kind, op_name, aligned_start_ns, aligned_end_ns, ledger FROM critical_path "
+         "WHERE job = ?")
+    params = [job]
+    if steps is not None:
+        q += " AND list_contains(?::INTEGER[], step)"
+        params.append(sorted(steps))
+    rows = con.execute(q + " ORDER BY step, seq", params).fetchall()
+    keep = set(ranks)
+    flow = 0
+    for i, (step, seq, r, kind, op, s, e, led) in enumerate(rows):
+        if r not in keep:
+            continue
+        gp = 10 * r + 2
+        name = f"{kind}: {op}" if op else kind
+        yield _ev("X", "ninefold_critical_path", name, gp, PATH_TID, _us(s - base), _us(e - s),
+                  json.dumps({"step": step, "seq": seq, "ledger": led}))
+        nxt = rows[i + 1] if i + 1 < len(rows) else None
+        if nxt is not None and nxt[0] == step and nxt[2] != r and nxt[2] in keep:
+            flow += 1
+            yield _ev("s", "ninefold_critical_path", "critical path", gp, PATH_TID, _us(e - base - 1),
+                      extra=f', "id": {flow}')
+            yield _ev("f", "ninefold_critical_path", "critical path", 10 * nxt[2] + 2, PATH_TID,
+                      _us(nxt[5] - base), extra=f', "id": {flow}, "bp": "e"')
+
+
+def write_trace(con, job: str, out, steps=None, rank=None) -> Path:
+    """Write export_trace(...) to OUT (gzip when it ends in .gz), atomically."""
+    import gzip
+    import os
+
+    out = Path(out)
+    text = export_trace(con, job, steps=steps, rank=rank).encode()
+    tmp = out.with_name(out.name + ".tmp")
+    if out.suffix == ".gz":
+        with gzip.open(tmp, "wb") as f:
+            f.write(text)
+    else:
+        tmp.write_bytes(text)
+    os.replace(tmp, out)
+    return out

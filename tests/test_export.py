@@ -1,0 +1,98 @@
+"""ninefold export: a Chrome-trace JSON that ingests again with every nanosecond (round trip), whose ledger track
+re-sums to ledger_totals and whose critical-path track is the stored path, with arrows where it changes rank."""
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analysis.attribution import attribute_job
+from analysis.critical_path import critical_path
+from analysis.export import ExportError, export_trace, write_trace
+from conftest import ROOT
+from ingest.load import ingest_paths, load_kineto
+from sample_traces.generate import generate
+from store.connection import connect
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("export")
+    generate(d / "job", ranks=4, steps=3, seed=0)
+    con = connect(d / "e.duckdb")
+    ingest_paths(con, sorted((d / "job").glob("rank-*.json")), job="j")
+    attribute_job(con, "j")
+    critical_path(con, "j")
+    con.close()
+    return d
+
+
+def test_ledger_track_re_sums_to_ledger_totals_and_path_track_is_the_path(store):
+    con = connect(store / "e.duckdb", read_only=True)
+    doc = json.loads(export_trace(con, "j"))
+    ev = doc["traceEvents"]
+    assert all({"ph", "pid", "tid", "name"} <= set(e) for e in ev)
+    assert all("ts" in e for e in ev if e["ph"] != "M")
+    led = {}
+    for e in ev:
+        if e.get("cat") == "ninefold_ledger":
+            led[e["name"]] = led.get(e["name"], 0) + round(e["dur"] * 1000)
+    tot = dict(con.execute("SELECT ledger, sum(ns) FROM ledger_totals WHERE job = 'j' AND ns > 0 GROUP BY ledger"
+                           ).fetchall())
+    assert led == tot
+    cp = [e for e in ev if e.get("cat") == "ninefold_critical_path" and e["ph"] == "X"]
+    n, length = con.execute("SELECT count(*), sum(aligned_end_ns - aligned_start_ns) FROM critical_path "
+                            "WHERE job = 'j'").fetchone()
+    assert len(cp) == n and sum(round(e["dur"] * 1000) for e in cp) == length
+    # an arrow (a start and a finish with one id) wherever the path moves to another rank
+    moves = con.execute("""SELECT count(*) FROM (SELECT rank, lead(rank) OVER (PARTITION BY step ORDER BY seq) AS nx
+                           FROM critical_path WHERE job = 'j') WHERE nx IS NOT NULL AND nx <> rank""").fetchone()[0]
+    starts = [e["id"] for e in ev if e.get("ph") == "s"]
+    finishes = [e["id"] for e in ev if e.get("ph") == "f"]
+    assert moves > 0 and len(starts) == moves and sorted(starts) == sorted(finishes)
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {f"rank {r} {w}" for r in range(4) for w in ("host", "GPU")}
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_a_rank_exported_ingests_again_with_every_nanosecond(store, tmp_path, rank):
+    con = connect(store / "e.duckdb", read_only=True)
+    out = write_trace(con, "j", tmp_path / f"r{rank}.json.gz", steps={11}, rank=rank)
+    off = con.execute("SELECT offset_ns FROM clock_offsets WHERE job = 'j' AND rank = ?", [rank]).fetchone()[0]
+    doc = json.loads(gzip.decompress(out.read_bytes()))
+    ts = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    a = doc["baseTimeNanoseconds"] + min(round(e["ts"] * 1000) for e in ts) + off
+    b = doc["baseTimeNanoseconds"] + max(round((e["ts"] + e["dur"]) * 1000) for e in ts) + off
+    got = connect(tmp_path / "rt.duckdb")
+    load_kineto(got, out, "rt")
+    q = ("SELECT kind, name, stream, correlation, start_ns - ?, end_ns - ? FROM gpu_ops WHERE job = ? AND rank = ? "
+         "AND start_ns >= ? AND end_ns <= ? ORDER BY start_ns, name")
+    want = con.execute(q, [off, off, "j", rank, a, b]).fetchall()
+    have = got.execute(q, [0, 0, "rt", rank, a - off, b - off]).fetchall()
+    assert want and have == want
+    hq = ("SELECT cat, name, correlation, start_ns - ?, end_ns - ? FROM host_ops WHERE job = ? AND rank = ? "
+          "AND cat IN ('cpu_op', 'cuda_runtime', 'user_annotation') AND start_ns >= ? AND end_ns <= ? "
+          "ORDER BY start_ns, name")
+    assert got.execute(hq, [0, 0, "rt", rank, a - off, b - off]).fetchall() == \
+        con.execute(hq, [off, off, "j", rank, a, b]).fetchall()
+    # the rank's window of step 11 comes back (on the reference clock)
+    w = con.execute("SELECT start_ns - ?, end_ns - ? FROM step_windows WHERE job = 'j' AND rank = ? AND step = 11",
+                    [off, off, rank]).fetchone()
+    attribute_job(got, "rt")
+    assert got.execute("SELECT start_ns, end_ns FROM step_windows WHERE job = 'rt' AND step = 11").fetchone() == w
+
+
+def test_export_cli_and_refusals(store, tmp_path):
+    con = connect(store / "e.duckdb", read_only=True)
+    with pytest.raises(ExportError, match="no rank 9"):
+        export_trace(con, "j", rank=9)
+    with pytest.raises(ExportError, match="no step 99"):
+        export_trace(con, "j", steps={99})
+    with pytest.raises(ExportError, match="run `ninefold attribute` first"):
+        export_trace(con, "nope")
+    con.close()
+    r = subprocess.run([sys.executable, "-m", "service.cli", "export", "--db", str(store / "e.duckdb"), "--job", "j",
+                        "--step", "12", "--out", str(tmp_path / "s.json")], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Perfetto" in r.stdout and json.loads((tmp_path / "s.json").read_text())["ninefold"]["steps"] == [12]
