@@ -180,7 +180,7 @@ def _names(g, pieces):
 def critical_path(con, job: str, steps=None, store: bool = True) -> dict:
     """The critical path of each step of JOB (all, or STEPS): rows (stored in ``critical_path`` when STORE) and
     per step its window, length per ledger and per rank. Needs an attributed job."""
-    n_win = con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchone()[0] \
+    n_win = con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchall()[0][0] \
         if _has(con, "step_windows") else 0
     if not n_win:
         raise CriticalPathError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
@@ -251,7 +251,7 @@ def _summary(st, r, t0, t1):
 
 def _has(con, table):
     return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                            [table]).fetchone()[0])
+                            [table]).fetchall()[0][0])
 
 
 def _store(con, job, rows, steps):

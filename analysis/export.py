@@ -50,13 +50,13 @@ def _meta(pid, tid, what, name, sort=None) -> str:
 
 def _has(con, table):
     return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                            [table]).fetchone()[0])
+                            [table]).fetchall()[0][0])
 
 
 def export_trace(con, job: str, steps=None, rank=None) -> str:
     """The Chrome-trace JSON text of JOB (all its steps, or STEPS; all ranks, or RANK)."""
     if not _has(con, "step_windows") or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?",
-                                                        [job]).fetchone()[0]:
+                                                        [job]).fetchall()[0][0]:
         raise ExportError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
     off = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE job = ?", [job]).fetchall())
     win = con.execute("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE job = ? ORDER BY rank, step",

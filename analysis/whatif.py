@@ -74,8 +74,8 @@ class Graph:
 
     def __init__(self, con, job: str):
         n_win = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'step_windows'"
-                            ).fetchone()[0]
-        if not n_win or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchone()[0]:
+                            ).fetchall()[0][0]
+        if not n_win or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchall()[0][0]:
             raise WhatIfError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
         self.con, self.job = con, job
         self.g = g = sg.build(con, job)
@@ -213,10 +213,10 @@ def rank_removals(con, job: str, steps=None) -> list[dict]:
         t, *_ = G.project((what,))
         proj = G.step_times(t)
         tp = sum(proj[s][0] for s in keep)
+        led = None if what == LAUNCH_GAPS else int(con.execute(
+            "SELECT coalesce(sum(ns), 0) FROM ledger_totals WHERE job = ? AND ledger = ?", [job, what]).fetchall()[0][0])
         out.append({"remove": what, "measured_ns": tm, "projected_ns": tp, "saved_ns": tm - tp,
-                    "speedup": tm / tp if tp else None,
-                    "ledger_ns": None if what == LAUNCH_GAPS else int(con.execute("SELECT coalesce(sum(ns), 0) FROM ledger_totals WHERE job = ? "
-                                                 "AND ledger = ?", [job, what]).fetchone()[0])})
+                    "speedup": tm / tp if tp else None, "ledger_ns": led})
     out.sort(key=lambda r: -r["saved_ns"])
     return out
 

@@ -16,10 +16,11 @@ from bokeh.layouts import column
 from dashboards import data_store, queries
 from dashboards.style import CSS, esc, fmt_bytes, html_table, note
 from dashboards.uploads import ChunkWriter, UploadStore, Writer
-from dashboards.views import compare, jobs, memory, moe, overview, pipeline, stragglers, timeline
+from dashboards.views import compare, jobs, memory, moe, overview, pipeline, stragglers, timeline, whatif
 from store.errors import NinefoldError
 
-TABS = [("jobs", "Jobs"), ("overview", "Overview"), ("timeline", "Timeline"), ("stragglers", "Stragglers"),
+TABS = [("jobs", "Jobs"), ("overview", "Overview"), ("timeline", "Timeline"), ("whatif", "What if"),
+        ("stragglers", "Stragglers"),
         ("moe", "MoE"), ("pipeline", "Pipeline"), ("memory", "Memory"), ("compare", "Compare"), ("upload", "Upload")]
 CHUNK_BYTES = 4 << 20
 
@@ -142,7 +143,8 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
         # ---------------------------------------------------------- views
         # one job's views: (module, whether its load takes the selected step)
         JOB_VIEWS = {"overview": (overview, False), "timeline": (timeline, True), "stragglers": (stragglers, False),
-                     "moe": (moe, False), "pipeline": (pipeline, True), "memory": (memory, False)}
+                     "moe": (moe, False), "pipeline": (pipeline, True), "memory": (memory, False),
+                     "whatif": (whatif, True)}
 
         def render(key):
             j = job.value
@@ -210,7 +212,7 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
             render(active_key())
 
         job.param.watch(on_job, "value")
-        step.param.watch(lambda _: render(active_key()) if active_key() in ("timeline", "pipeline") else None,
+        step.param.watch(lambda _: render(active_key()) if active_key() in ("timeline", "pipeline", "whatif") else None,
                          "value")
         job_b.param.watch(lambda _: render("compare") if active_key() == "compare" else None, "value")
         tabs.param.watch(lambda _: render(active_key()), "active")

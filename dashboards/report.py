@@ -16,7 +16,7 @@ from bokeh.resources import INLINE
 from dashboards import queries
 from dashboards.data_store import read_connection
 from dashboards.style import esc, fmt_ns, fmt_pct, html_table, ledger_legend_html, note
-from dashboards.views import memory, moe, overview, pipeline, stragglers, timeline
+from dashboards.views import memory, moe, overview, pipeline, stragglers, timeline, whatif
 from dashboards.views._common import div
 from store.errors import NinefoldError
 
@@ -43,6 +43,7 @@ def load_all(con, job: str, timeline_rows: int = 20_000) -> dict:
         "moe": moe.load(con, job),
         "pipeline": pipeline.load(con, job),
         "memory": memory.load(con, job),
+        "whatif": whatif.load(con, job),
         "diagnostics": queries.diagnostics(con, job),
     }
 
@@ -75,6 +76,7 @@ def render(data):
     models = [div(_header(data))]
     models += overview.render(data["overview"])
     models += timeline.render(data["timeline"])
+    models += whatif.render(data["whatif"])
     models += stragglers.render(data["stragglers"])
     models += moe.render(data["moe"])
     models += pipeline.render(data["pipeline"])

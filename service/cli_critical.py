@@ -102,9 +102,9 @@ def register(cli) -> None:
             click.echo(f"{'remove':14s} {'projected ms':>12s} {'saved ms':>10s} {'speed-up':>9s} "
                        f"{'ledger ms':>10s}  (ledger ms: all ranks; saved: the step time)")
             for r in rows:
+                led = f"{r['ledger_ns'] / 1e6:10.3f}" if r["ledger_ns"] is not None else f"{'-':>10s}"
                 click.echo(f"{r['remove']:14s} {r['projected_ns'] / 1e6:12.3f} {r['saved_ns'] / 1e6:10.3f} "
-                           f"{r['speedup']:8.3f}x " + (f"{r['ledger_ns'] / 1e6:10.3f}" if r["ledger_ns"] is not None else
-                                                       f"{'-':>10s}"))
+                           f"{r['speedup']:8.3f}x {led}")
             return
         if fmt == "json":
             click.echo(json.dumps(res, indent=1, default=str))

@@ -175,6 +175,39 @@ def test_static_report_renders_offline(browser, tmp_path):
         rows[cells[0]] = cells
     assert set(rows) == set(LEDGERS)
     assert all(c[2] not in ("", "–") for c in rows.values()), rows
+    # what if: the removals ranked by saving (the planted straggler among them), the cost model's step beside
+    wi = page.locator("table.nf-whatif").first
+    wi.wait_for(timeout=5_000)
+    got = [[c.inner_text() for c in tr.locator("td").all()] for tr in wi.locator("tbody tr").all()]
+    assert "straggler" in [r[0] for r in got]
+    page.get_by_text("the cost model (config").wait_for(timeout=5_000)
+    page.locator("table.nf-critical-path").first.wait_for(timeout=5_000)
+    page.get_by_text("the black line is the step's critical path").wait_for(timeout=5_000)
+    page.close()
+
+
+def test_whatif_tab_and_the_critical_path_on_the_timeline(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server)
+    page.locator("select").first.select_option("moe4")
+    page.get_by_text("What if", exact=True).click()
+    area = page.locator(".nf-tab-whatif").first
+    area.get_by_text("What if: moe4").wait_for(timeout=60_000)
+    table = area.locator("table.nf-whatif").first
+    table.wait_for(timeout=10_000)
+    removals = [tr.locator("td").first.inner_text() for tr in table.locator("tbody tr").all()]
+    assert removals and set(removals) <= {"straggler", "bubble", "host", "io", "memcpy", "exposed_comm", "idle",
+                                          "launch_gaps"}
+    area.locator("table.nf-critical-path").first.wait_for(timeout=10_000)
+    page.get_by_text("Timeline", exact=True).click()
+    tl = page.locator(".nf-tab-timeline").first
+    tl.get_by_text("the black line is the step's critical path").wait_for(timeout=60_000)
+    tl.locator("canvas").first.wait_for(state="visible", timeout=20_000)
+    page.wait_for_timeout(500)
+    assert (0, 0, 0) in _colours(tl.screenshot())  # the path is drawn
+    assert errors == []
     page.close()
 
 

@@ -19,7 +19,32 @@ def load(con, job: str, step: int | None = None, max_rows: int = MAX_ROWS, width
         step = steps[len(steps) // 2]
     bars = queries.timeline(con, job, step, max_rows=max_rows, width_px=width_px) if step is not None \
         else queries.timeline(con, job, None, max_rows=max_rows)
-    return {"job": job, "step": step, "steps": steps, "bars": bars, "max_rows": max_rows}
+    from dashboards.views.whatif import step_path
+
+    return {"job": job, "step": step, "steps": steps, "bars": bars, "max_rows": max_rows,
+            "path": step_path(con, job, step)}
+
+
+def add_path(p, path):
+    """The step's critical path over the bars: a black line along each piece on its rank, and a dashed one
+    where it moves to another rank."""
+    xs, ys, xm, ym = [], [], [], []
+    for i, (r, k, op, s, e, led) in enumerate(path):
+        xs.append([s / 1e6, e / 1e6])
+        ys.append([r, r])
+        if i + 1 < len(path) and path[i + 1][0] != r:
+            xm.append([e / 1e6, e / 1e6])
+            ym.append([r, path[i + 1][0]])
+    src = ColumnDataSource({"xs": xs, "ys": ys, "what": [f"{k}: {op}" if op else k for _, k, op, *_ in path],
+                            "ledger": [x[5] for x in path], "rank": [x[0] for x in path],
+                            "dur": [(x[4] - x[3]) / 1e3 for x in path]})
+    line = p.multi_line(xs="xs", ys="ys", source=src, line_color="black", line_width=3, name="critical_path",
+                        legend_label="critical path")
+    if xm:
+        p.multi_line(xs=xm, ys=ym, line_color="black", line_width=1.5, line_dash="dashed")
+    p.add_tools(HoverTool(renderers=[line], tooltips=[("critical path", "@what"), ("rank", "@rank"),
+                                                      ("ledger", "@ledger"), ("length", "@dur{0.0} µs")]))
+    p.legend.location = "top_right"
 
 
 def bars_figure(bars, title: str, height: int | None = None, name: str = PLOT_NAME):
@@ -55,5 +80,11 @@ def render(data):
     span = int(bars["end_ns"].max())
     info = note(f"{bars.height} bars (at most {data['max_rows']}, pooled in SQL) over {fmt_ns(span)}; "
                 "short intervals are drawn as their bucket's dominant ledger; zoom with the wheel")
-    return [div(head + info + ledger_legend_html()),
-            bars_figure(bars, f"step {data['step']}: ledger per rank over time")]
+    fig = bars_figure(bars, f"step {data['step']}: ledger per rank over time")
+    path = data.get("path")
+    if path:
+        add_path(fig, path)
+        ranks = len({r for r, *_ in path})
+        info += note(f"the black line is the step's critical path ({len(path)} pieces on {ranks} rank(s)); "
+                     "What if says what it is made of")
+    return [div(head + info + ledger_legend_html()), fig]
