@@ -183,7 +183,7 @@ def critical_path(con, job: str, steps=None, store: bool = True) -> dict:
     n_win = con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchall()[0][0] \
         if _has(con, "step_windows") else 0
     if not n_win:
-        raise CriticalPathError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
+        raise CriticalPathError(sg.no_windows_reason(con, job))
     g = sg.build(con, job)
     n = g["nodes"]
     on = np.ones(g["src"].size, bool)

@@ -38,6 +38,16 @@ _CLASS = {H: 0, HE: 1, GS: 2, GA: 3, CE: 4, SINK: 5}
 SYNC_NAMES = "(name ILIKE '%synchronize%')"
 
 
+def no_windows_reason(con, job: str) -> str:
+    """Why JOB has no step windows to build on: not attributed, or no GPU work at all."""
+    has = bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'gpu_ops'"
+                           ).fetchall()[0][0])
+    n = con.execute("SELECT count(*) FROM gpu_ops WHERE job = ?", [job]).fetchall()[0][0] if has else 0
+    if has and not n and con.execute("SELECT count(*) FROM traces WHERE job = ?", [job]).fetchall()[0][0]:
+        return f"job {job!r} has no GPU ops (a CPU-only trace): its steps have no GPU timeline to follow"
+    return f"job {job!r} has no attributed step windows (run `ninefold attribute` first)"
+
+
 def _q(con, sql, params):
     return con.execute(sql, params).fetchnumpy()
 

@@ -76,7 +76,7 @@ class Graph:
         n_win = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'step_windows'"
                             ).fetchall()[0][0]
         if not n_win or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchall()[0][0]:
-            raise WhatIfError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
+            raise WhatIfError(sg.no_windows_reason(con, job))
         self.con, self.job = con, job
         self.g = g = sg.build(con, job)
         n = g["nodes"]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from analysis.attribution import attribute_job
-from analysis.critical_path import critical_path
+from analysis.critical_path import CriticalPathError, critical_path
 from analysis.whatif import WhatIfError, rank_removals, whatif
 from conftest import ROOT, SHARED_TRACES, needs_shared
 from ingest.load import ingest_paths, load_kineto
@@ -196,3 +196,9 @@ def test_real_traces_give_well_formed_paths(db):
         _well_formed(db, job)
         w = whatif(db, job)
         assert w["projected_ns"] == w["measured_ns"]
+    # a CPU-only 2-rank gloo job has no GPU timeline: said in one line, not a traceback
+    for r in (0, 1):
+        load_kineto(db, SHARED_TRACES / f"torch_cpu_gloo_2rank/rank-{r}.pt.trace.json", "gloo")
+    attribute_job(db, "gloo")
+    with pytest.raises(CriticalPathError, match="no GPU ops"):
+        critical_path(db, "gloo")
