@@ -17,10 +17,13 @@ resumes where it stopped. Workers never open the catalog: the driver is its only
 job's Parquet in one transaction (delete the job's rows, insert the new ones), so the catalog never holds a
 job twice or half a job. Superseded Parquet parts of a job are removed once its new rows are committed.
 
-History lives in the catalog too: ``batch_nights`` (label → order), ``batch_runs`` (one row per night and job)
-and ``batch_shares`` (ledger share per night, job and ledger). A regression is a job whose share of a
-non-compute ledger grew by more than ``regression_points`` percentage points against the job's previous
-successful night.
+History lives in the catalog too: ``batch_nights`` (label → order), ``batch_runs`` (one row per night and job),
+``batch_shares`` (ledger share per night, job and ledger) and ``batch_step_samples`` (each step's time per
+ledger, kernel class, collective and kernel, for the diff). Each job processed tonight is diffed against its
+previous successful night (service.batch_diff): a regression is a step or ledger significantly longer tonight
+(the bootstrap interval over the steps excludes zero, at ``confidence`` for the whole table), so step-to-step
+noise alone is none. The raw share moves (a non-compute ledger's share up by more than ``regression_points``)
+are still reported, as ``share_moves``; they no longer set the exit code.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from .batch_catalog import (_job_files, _night_seq, collect_garbage, committed_parts, ensure_batch_tables,
                             load_jobs_into_catalog, record_failure, regressions_for)
+from .batch_diff import night_diffs, prune_step_samples, regression_line, regressions
 from .batch_index import write_index
 from .batch_jobs import BatchUsageError, JobLog, JobSpec, discover_jobs
 from .batch_tasks import _atomic_write_text, attribute_task, parse_task, report_task
@@ -99,8 +103,9 @@ def _connect_scheduler(scheduler: str, workers: int):
 
 def run_batch(root, db, reports, scheduler: str = "local", workers: int | None = None, since=None,
               regression_points: float = 5.0, night: str | None = None, manifest=None,
-              echo=print, task_threads: int = 1) -> BatchOutcome:
-    """One night's batch. Exit code: 0 ok, 3 regressions, 4 some jobs failed (takes precedence), 2 usage."""
+              echo=print, task_threads: int = 1, confidence: float = 0.95) -> BatchOutcome:
+    """One night's batch. Exit code: 0 ok, 3 regressions (a step or ledger significantly longer than on the job's
+    previous night), 4 some jobs failed (takes precedence), 2 usage."""
     from store.connection import connect
 
     t_start = time.perf_counter()
@@ -111,6 +116,8 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
     workers = int(workers or os.cpu_count() or 2)
     if regression_points < 0:
         raise BatchUsageError("--regression-points must be >= 0")
+    if not 0.5 <= confidence < 1:
+        raise BatchUsageError("--confidence must be in [0.5, 1)")
     db = Path(db).resolve()
     reports = Path(reports).resolve()
     specs = discover_jobs(root, manifest=manifest, since=since, exclude=(reports, db.parent))
@@ -169,11 +176,20 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
                 client.close()
             if cluster is not None:
                 cluster.close()
-        regs = regressions_for(con, night, regression_points)
-        for r in regs:
+        moves = regressions_for(con, night, regression_points)
+        for r in moves:
             logs.get(r["job"], JobLog(reports, r["job"])).write(
-                f"REGRESSION: {r['ledger']} {r['previous_pct']:.2f}% (night {r['previous_night']}) -> "
+                f"share move: {r['ledger']} {r['previous_pct']:.2f}% (night {r['previous_night']}) -> "
                 f"{r['current_pct']:.2f}% (+{r['delta_points']:.2f} points > {regression_points:g})")
+        diffs = night_diffs(con, night, processed, confidence)
+        regs = regressions(diffs, night)
+        prune_step_samples(con, processed)
+        for j, d in diffs.items():
+            logs.get(j, JobLog(reports, j)).write(
+                f"diff against night {d['previous_night']}: {d['significant_rows']} significant rows; top: "
+                + (", ".join(f"{r['level']} {r['key']} {r['delta_ns'] / 1e6:+.3f} ms" for r in d["top"]) or "none"))
+        for r in regs:
+            logs.get(r["job"], JobLog(reports, r["job"])).write(regression_line(r, confidence))
         shares = {j: {led: round(100 * s, 4) for led, s in con.execute(
             "SELECT ledger, share FROM batch_shares WHERE night = ? AND job = ?", [night, j]).fetchall()}
             for j in sorted(processed)}
@@ -184,12 +200,15 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
             "started_at": started.isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - t_start, 3),
             "regression_points": regression_points,
+            "confidence": confidence,
             "counts": {"jobs": len(specs), "processed": len(processed), "skipped": len(skipped),
                        "failed": len(failed)},
             "jobs": {"processed": sorted(processed), "skipped": sorted(skipped, key=lambda d: d["job"]),
                      "failed": sorted(failed, key=lambda d: d["job"])},
             "shares_pct": shares,
             "regressions": regs,
+            "diffs": diffs,
+            "share_moves": moves,
             "exit_code": code,
         }
         write_index(con, reports, night, summary)

@@ -1,15 +1,17 @@
-"""The batch catalog: history tables, one-transaction loads of finished jobs, pruning of the Parquet store,
-and regressions against each job's previous night."""
+"""The batch catalog: history tables, one-transaction loads of finished jobs (with each night's step samples,
+for the diff against the next night: service.batch_diff), pruning of the Parquet store, and each job's ledger
+share moves against its previous night."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from analysis.ledgers import LEDGERS
 
+from .batch_diff import drop_step_samples, ensure_sample_tables, store_step_samples
 from .batch_jobs import JobSpec
 from .batch_tasks import parquet_root, state_root
 
-# Ledgers whose growth is a regression (compute growing is the job getting better).
+# Ledgers whose share growing is reported as a share move (compute's share growing is the job getting better).
 REGRESSION_LEDGERS = tuple(n for n in LEDGERS if n != "compute")
 
 BATCH_DDL = {
@@ -31,6 +33,7 @@ def ensure_batch_tables(con) -> None:
     _ensure_tables(con)
     for t, cols in BATCH_DDL.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+    ensure_sample_tables(con)
 
 
 def _night_seq(con, night: str) -> int:
@@ -93,6 +96,7 @@ def load_jobs_into_catalog(con, night: str, items: list) -> None:
             con.execute("INSERT OR REPLACE INTO batch_runs VALUES (?, ?, ?, 'ok', NULL, ?, ?, ?, ?, "
                         "current_timestamp)", [night, job, spec.key, len(spec.files), res["ranks"], res["steps"],
                                                seconds])
+        store_step_samples(con, night, jobs)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -107,6 +111,7 @@ def record_failure(con, night: str, spec: JobSpec, error: str, seconds: float = 
     con.execute("INSERT OR REPLACE INTO batch_runs VALUES (?, ?, ?, 'failed', ?, ?, NULL, NULL, ?, current_timestamp)",
                 [night, spec.name, spec.key if spec.error is None else None, error, len(spec.files), seconds])
     con.execute("DELETE FROM batch_shares WHERE night = ? AND job = ?", [night, spec.name])
+    drop_step_samples(con, night, spec.name)
 
 
 def committed_parts(con, job: str) -> set[str]:
@@ -146,7 +151,8 @@ def collect_garbage(db: Path, job: str, keep: set[str], key: str | None) -> int:
 
 
 def regressions_for(con, night: str, points: float) -> list[dict]:
-    """Jobs of NIGHT whose share of a non-compute ledger grew by more than POINTS against their previous run."""
+    """Jobs of NIGHT whose share of a non-compute ledger grew by more than POINTS against their previous run: the
+    raw share moves, reported beside the diff (they do not set the exit code: service.batch_diff does)."""
     led_list = ", ".join(f"'{n}'" for n in REGRESSION_LEDGERS)
     rows = con.execute(f"""
         WITH cur AS (SELECT r.job, n.seq FROM batch_runs r JOIN batch_nights n USING (night)

@@ -1,4 +1,5 @@
-"""The nightly index page: each job's ledger shares across nights (table + sparklines), regressions first."""
+"""The nightly index page: each job's ledger shares across nights (table + sparklines) beside tonight's diff
+against its previous night (service.batch_diff), regressions first."""
 from __future__ import annotations
 
 import html
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from analysis.ledgers import LEDGERS
 
+from .batch_diff import diff_html
 from .batch_tasks import _atomic_write_text
 
 HISTORY_NIGHTS = 30
@@ -38,6 +40,7 @@ th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 .tag.reg { background: #d62728; color: #fff; } .tag.fail { background: #555; color: #fff; }
 .tag.ok { background: #2ca02c; color: #fff; } .tag.skip { background: #c7c7c7; }
 h2 { margin-bottom: 2px; } .spark { vertical-align: middle; }
+.side { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; } .diff table { margin-top: 2px; }
 """
 
 
@@ -69,16 +72,18 @@ def write_index(con, reports: Path, night: str, summary: dict) -> Path:
              f"<style>{INDEX_CSS}</style></head><body>",
              f"<h1>ninefold nightly batch: {esc(night)}</h1>",
              f"<p>{c['processed']} processed, {c['skipped']} unchanged, {c['failed']} failed, "
-             f"{len(summary['regressions'])} regressions (a non-compute ledger's share up by more than "
-             f"{summary['regression_points']:g} points against the job's previous run).</p>"]
+             f"{len(summary['regressions'])} regressions (the step or a ledger significantly longer per step than "
+             f"on the job's previous run: the bootstrap interval over the steps excludes zero at "
+             f"{summary.get('confidence', 0.95):.0%} for the whole table).</p>"]
     if summary["regressions"]:
         parts.append("<h2>Regressions</h2><table><tr><th>job</th><th>ledger</th><th>previous night</th>"
-                     "<th>previous %</th><th>now %</th><th>+points</th></tr>")
+                     "<th>before ms</th><th>now ms</th><th>delta ms</th><th>of step</th><th>interval ms</th></tr>")
         for r in summary["regressions"]:
             parts.append(f"<tr class='bad'><td><a href='#job-{esc(r['job'])}'>{esc(r['job'])}</a></td>"
                          f"<td>{esc(r['ledger'])}</td><td>{esc(r['previous_night'])}</td>"
-                         f"<td>{r['previous_pct']:.2f}</td><td>{r['current_pct']:.2f}</td>"
-                         f"<td>{r['delta_points']:.2f}</td></tr>")
+                         f"<td>{r['previous_ns'] / 1e6:.3f}</td><td>{r['current_ns'] / 1e6:.3f}</td>"
+                         f"<td>{r['delta_ns'] / 1e6:+.3f}</td><td>{100 * r['delta_share']:+.2f}%</td>"
+                         f"<td>[{r['ci_low_ns'] / 1e6:+.3f}, {r['ci_high_ns'] / 1e6:+.3f}]</td></tr>")
         parts.append("</table>")
     for j in jobs:
         tag = {"processed": "<span class='tag ok'>processed</span>", "skipped": "<span class='tag skip'>unchanged"
@@ -94,11 +99,13 @@ def write_index(con, reports: Path, night: str, summary: dict) -> Path:
         if this.get(j) == "failed" and err:
             parts.append(f"<p class='failed'>{esc(err)}</p>")
         jn = [n for n in nights if n in status.get(j, {})]
+        block = diff_html(j, summary.get("diffs", {}).get(j))
         if not jn:
+            parts.append(block)
             continue
         bad_leds = {r["ledger"] for r in regs.get(j, [])}
         head = "".join(f"<th style='border-bottom:3px solid {LEDGER_COLORS[n]}'>{esc(n)} %</th>" for n in LEDGERS)
-        parts.append(f"<table><tr><th>night</th><th>status</th>{head}</tr>")
+        parts.append(f"<div class='side'><table><tr><th>night</th><th>status</th>{head}</tr>")
         for n in jn:
             st, _ = status[j][n]
             row = sh.get(j, {}).get(n, {})
@@ -110,7 +117,7 @@ def write_index(con, reports: Path, night: str, summary: dict) -> Path:
         sparks = "".join(
             f"<td>{_sparkline([sh.get(j, {}).get(n, {}).get(led) for n in jn], LEDGER_COLORS[led])}</td>"
             for led in LEDGERS)
-        parts.append(f"<tr><td class='muted'>trend</td><td></td>{sparks}</tr></table>")
+        parts.append(f"<tr><td class='muted'>trend</td><td></td>{sparks}</tr></table>{block}</div>")
     parts.append("</body></html>")
     out = reports / "index.html"
     _atomic_write_text(out, "\n".join(parts))
