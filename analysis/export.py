@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from analysis.chrome_trace import event as _event, meta as _meta
+
 LEDGER_TID = 1_000_001
 PATH_TID = 1_000_002
 GPU_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync"}
@@ -21,31 +23,6 @@ DRILL_KEYS = ("op_name", "pg_name", "seq", "kclass", "coll", "bytes", "group_siz
 
 class ExportError(Exception):
     pass
-
-
-def _us(ns: int) -> str:
-    """ns as microseconds with exactly three decimals (no float on the way)."""
-    sign = "-" if ns < 0 else ""
-    ns = abs(int(ns))
-    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
-
-
-def _ev(ph, cat, name, pid, tid, ts, dur=None, args=None, extra="") -> str:
-    s = (f'{{"ph": "{ph}", "cat": {json.dumps(cat)}, "name": {json.dumps(name)}, "pid": {pid}, "tid": {tid}, '
-         f'"ts": {ts}')
-    if dur is not None:
-        s += f', "dur": {dur}'
-    if args is not None:
-        s += f', "args": {args}'
-    return s + extra + "}"
-
-
-def _meta(pid, tid, what, name, sort=None) -> str:
-    s = f'{{"ph": "M", "name": "{what}", "pid": {pid}, "tid": {tid}, "args": {{"name": {json.dumps(name)}}}}}'
-    if sort is None:
-        return s
-    return s + f',\n{{"ph": "M", "name": "{what.split("_")[0]}_sort_index", "pid": {pid}, "tid": {tid}, ' \
-               f'"args": {{"sort_index": {sort}}}}}'
 
 
 def _has(con, table):
@@ -107,12 +84,12 @@ def export_trace(con, job: str, steps=None, rank=None) -> str:
                 if c is not None:
                     kv["correlation"] = c
                 args = json.dumps(kv)
-            out.append(_ev("X", cat, name, hp, tid if tid is not None else 0, _us(s - o - base), _us(e - s), args))
+            out.append(_event("X", cat, name, hp, tid if tid is not None else 0, (s - o - base), (e - s), args))
         for kind, name, stream, s, e, args in con.execute(
                 "SELECT kind, name, stream, start_ns, end_ns, args FROM gpu_ops WHERE job = ? AND rank = ? "
                 "AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns", [job, r, a, b]).fetchall():
-            out.append(_ev("X", GPU_CAT.get(kind, kind), name, gp, stream if stream is not None else 0,
-                           _us(s - o - base), _us(e - s), args or "{}"))
+            out.append(_event("X", GPU_CAT.get(kind, kind), name, gp, stream if stream is not None else 0,
+                           (s - o - base), (e - s), args or "{}"))
         out.extend(_ledger_events(con, job, r, o, base, gp, steps))
     out.extend(_path_events(con, job, ranks, base, steps))
     head = {"schemaVersion": 1, "displayTimeUnit": "ns", "baseTimeNanoseconds": base,
@@ -141,7 +118,7 @@ def _ledger_events(con, job, r, o, base, gp, steps):
         step, led, s, e = row[:4]
         kv = {"step": step}
         kv.update({k: v for k, v in zip(keys, row[4:]) if v is not None})
-        yield _ev("X", "ninefold_ledger", led, gp, LEDGER_TID, _us(s - o - base), _us(e - s),
+        yield _event("X", "ninefold_ledger", led, gp, LEDGER_TID, (s - o - base), (e - s),
                   json.dumps(kv, default=str))
 
 
@@ -162,15 +139,15 @@ def _path_events(con, job, ranks, base, steps):
             continue
         gp = 10 * r + 2
         name = f"{kind}: {op}" if op else kind
-        yield _ev("X", "ninefold_critical_path", name, gp, PATH_TID, _us(s - base), _us(e - s),
+        yield _event("X", "ninefold_critical_path", name, gp, PATH_TID, (s - base), (e - s),
                   json.dumps({"step": step, "seq": seq, "ledger": led}))
         nxt = rows[i + 1] if i + 1 < len(rows) else None
         if nxt is not None and nxt[0] == step and nxt[2] != r and nxt[2] in keep:
             flow += 1
-            yield _ev("s", "ninefold_critical_path", "critical path", gp, PATH_TID, _us(e - base - 1),
+            yield _event("s", "ninefold_critical_path", "critical path", gp, PATH_TID, (e - base - 1),
                       extra=f', "id": {flow}')
-            yield _ev("f", "ninefold_critical_path", "critical path", 10 * nxt[2] + 2, PATH_TID,
-                      _us(nxt[5] - base), extra=f', "id": {flow}, "bp": "e"')
+            yield _event("f", "ninefold_critical_path", "critical path", 10 * nxt[2] + 2, PATH_TID,
+                      (nxt[5] - base), extra=f', "id": {flow}, "bp": "e"')
 
 
 def write_trace(con, job: str, out, steps=None, rank=None) -> Path:

@@ -1,6 +1,7 @@
-"""The Kineto Chrome-trace writer shared by the sample generators: constants of a realistic H100 job (kernel
-names, streams, latencies), RankTrace (one rank's CPU and GPU events, written by hand one per line with
-``ts``/``dur`` as kineto's ``fmtTs`` prints them), and the header, metadata and footer of a rank file."""
+"""The Kineto rank-file writer shared by the sample generators: constants of a realistic H100 job (kernel
+names, streams, latencies), RankTrace (one rank's CPU and GPU events, one per line, with ``ts``/``dur`` and
+string literals from ``analysis.chrome_trace``, the project's one Chrome-trace text writer), and the header,
+metadata and footer of a rank file."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,8 @@ import gzip as _gzip
 import json
 import random
 from pathlib import Path
+
+from analysis.chrome_trace import fmt_us, json_str as _j
 
 BASE_TIME_NS = 1735689600000000000
 TRUE_START_REL_NS = 2_000_000_000  # first step starts 2 s after baseTimeNanoseconds (true clock)
@@ -100,22 +103,6 @@ def _tail(name: str) -> str:
 
 
 _TAILS = {k: _tail(k) for k in _KERNEL_TAIL}
-_J = {}
-
-
-def _j(s: str) -> str:
-    """JSON string literal (cached)."""
-    v = _J.get(s)
-    if v is None:
-        v = _J[s] = json.dumps(s)
-    return v
-
-
-def fmt_us(ns: int) -> str:
-    """Kineto fmtTs: integer ns -> microseconds with exactly three decimals."""
-    return f"{ns // 1000}.{ns % 1000:03d}"
-
-
 # (cpu op name, kernel name, base duration ns)
 FWD_LAYER = [
     ("aten::native_layer_norm", LAYER_NORM, 35_000),
@@ -192,18 +179,18 @@ class RankTrace:
         ts = t + self.off
         self.cbuf.append(
             f'  {{"ph": "X", "cat": "{cat}", "name": {_j(name)}, "pid": {self.pid}, "tid": {self.tid}, '
-            f'"ts": {ts // 1000}.{ts % 1000:03d}, "dur": {d // 1000}.{d % 1000:03d}, "args": {args}}},\n')
+            f'"ts": {fmt_us(ts)}, "dur": {fmt_us(d)}, "args": {args}}},\n')
         c = self.counts
         c[cat] = c.get(cat, 0) + 1
 
     def runtime(self, name, t, d, cid, x, cbid):
         ts = t + self.off
         pid, tid = self.pid, self.tid
-        tss = f"{ts // 1000}.{ts % 1000:03d}"
+        tss = fmt_us(ts)
         ext = f', "External id": {x}' if x is not None else ""
         self.cbuf.append(
             f'  {{"ph": "X", "cat": "cuda_runtime", "name": "{name}", "pid": {pid}, "tid": {tid}, '
-            f'"ts": {tss}, "dur": {d // 1000}.{d % 1000:03d}, '
+            f'"ts": {tss}, "dur": {fmt_us(d)}, '
             f'"args": {{"cbid": {cbid}, "correlation": {cid}{ext}}}}},\n')
         c = self.counts
         c["cuda_runtime"] = c.get("cuda_runtime", 0) + 1
@@ -215,10 +202,10 @@ class RankTrace:
 
     def gpu(self, cat, name, stream, s, d, cid, x, tail):
         ts = s + self.off
-        tss = f"{ts // 1000}.{ts % 1000:03d}"
+        tss = fmt_us(ts)
         self.gbuf.append(
             f'  {{"ph": "X", "cat": "{cat}", "name": {_j(name)}, "pid": {DEVICE}, "tid": {stream}, '
-            f'"ts": {tss}, "dur": {d // 1000}.{d % 1000:03d}, '
+            f'"ts": {tss}, "dur": {fmt_us(d)}, '
             f'"args": {{"External id": {x}, "queued": 0, "device": {DEVICE}, "context": 1, '
             f'"stream": {stream}, "correlation": {cid}{tail}}}}},\n')
         self.gbuf.append(

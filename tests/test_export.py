@@ -96,3 +96,19 @@ def test_export_cli_and_refusals(store, tmp_path):
                         "--step", "12", "--out", str(tmp_path / "s.json")], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "Perfetto" in r.stdout and json.loads((tmp_path / "s.json").read_text())["ninefold"]["steps"] == [12]
+
+
+def test_one_trace_writer_formats_exact_microseconds():
+    """The writer both the export and the sample generators use: integer ns to µs text with no float on the way
+    (an epoch time in ns is beyond what a double holds to the nanosecond)."""
+    import json as _json
+
+    from analysis.chrome_trace import event, fmt_us
+    from sample_traces import kineto_writer
+
+    assert kineto_writer.fmt_us is fmt_us
+    assert fmt_us(1735689602000000001) == "1735689602000000.001"
+    assert fmt_us(-1) == "-0.001" and fmt_us(0) == "0.000" and fmt_us(999) == "0.999"
+    ev = _json.loads(event("X", "kernel", 'a "quoted" \\ name', 1, 7, 1234567, 89, args='{"k": 1}'))
+    assert ev == {"ph": "X", "cat": "kernel", "name": 'a "quoted" \\ name', "pid": 1, "tid": 7,
+                  "ts": 1234.567, "dur": 0.089, "args": {"k": 1}}
