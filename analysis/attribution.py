@@ -111,11 +111,13 @@ def check_pattern(what: str, pat: str | None) -> None:
             raise ValueError(f"{what} {pat!r} is not a regular expression: {e}") from None
 
 
-def attribute_job(con, job: str, recompute_pattern: str | None = None, io_pattern: str | None = None) -> dict:
+def attribute_job(con, job: str, recompute_pattern: str | None = None, io_pattern: str | None = None,
+                  progress=None) -> dict:
     """Charge every step window of JOB to the nine ledgers (tables in DDL). RECOMPUTE_PATTERN / IO_PATTERN: a
     regular expression on host op names (annotations, cpu ops, python frames) marking recomputation or
     data-loading / storage regions, beside the built-in rules. One transaction: a reader (or a store after a
-    crash) sees the job's previous results or the new ones, never a mix."""
+    crash) sees the job's previous results or the new ones, never a mix. PROGRESS, when given, is called as
+    progress(ranks_done, ranks) after each group of ranks is swept and written."""
     check_pattern("recompute pattern", recompute_pattern)
     check_pattern("io pattern", io_pattern)
     _ensure_tables(con)
@@ -124,9 +126,9 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
     try:
         con.execute("BEGIN TRANSACTION")
     except duckdb.TransactionException:  # the caller's transaction already holds the work
-        return _attribute(con, job, recompute_pattern, io_pattern)
+        return _attribute(con, job, recompute_pattern, io_pattern, progress)
     try:
-        out = _attribute(con, job, recompute_pattern, io_pattern)
+        out = _attribute(con, job, recompute_pattern, io_pattern, progress)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -134,7 +136,7 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
     return out
 
 
-def _attribute(con, job, recompute_pattern, io_pattern) -> dict:
+def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
     for t in DDL:
         if t != "clock_offsets":
             con.execute(f"DELETE FROM {t} WHERE job = ?", [job])
@@ -172,7 +174,9 @@ def _attribute(con, job, recompute_pattern, io_pattern) -> dict:
                         [job]).fetchnumpy()
     secs = {"read": 0.0, "sweep": 0.0, "write": 0.0}
     unmatched_total = n_intervals = n_windows = 0
-    for lo, hi in rank_groups(con, job):
+    groups = rank_groups(con, job)
+    n_ranks = sum(1 for r in ranks if any(lo <= r <= hi for lo, hi in groups))
+    for lo, hi in groups:
         t = time.perf_counter()
         allops = read_group(con, job, lo, hi, fam_of, p2p_of, threads)
         allops["re"] = recomputed(con, job, allops, recompute_pattern)
@@ -189,6 +193,8 @@ def _attribute(con, job, recompute_pattern, io_pattern) -> dict:
         secs["read"] += t1 - t
         secs["sweep"] += t2 - t1
         secs["write"] += time.perf_counter() - t2
+        if progress is not None:
+            progress(sum(1 for r in ranks if r <= hi and any(a <= r <= b for a, b in groups)), n_ranks)
     con.unregister("_kclass")
     con.unregister("_pgs")
     if unmatched_total:

@@ -149,8 +149,10 @@ def summary(db):
               help="host op names that mark recomputation regions, beside the built-in checkpoint rules")
 @click.option("--io-pattern", default=None, metavar="REGEX",
               help="host op names that mark data loading / storage I/O, beside the built-in rules")
-def attribute(db, job, recompute_pattern, io_pattern):
-    """Compute ledger_intervals and ledger_totals for the stored traces."""
+@click.option("--quiet", is_flag=True, help="print nothing but errors (no line per job, no bar)")
+def attribute(db, job, recompute_pattern, io_pattern, quiet):
+    """Compute ledger_intervals and ledger_totals for the stored traces. On a terminal a progress bar counts each
+    job's ranks; otherwise one line per job."""
     from analysis.attribution import attribute_job, check_pattern
     from store.connection import connect
 
@@ -161,10 +163,27 @@ def attribute(db, job, recompute_pattern, io_pattern):
         raise click.UsageError(str(e))
     con = connect(db)
     jobs = [job] if job else [r[0] for r in con.execute("SELECT job FROM jobs ORDER BY job").fetchall()]
+    tty = not quiet and sys.stderr.isatty()
     for j in jobs:
         t0 = time.perf_counter()
-        r = attribute_job(con, j, recompute_pattern=recompute_pattern, io_pattern=io_pattern)
-        click.echo(f"{j}: {r['intervals']} intervals, {r['totals']} totals in {time.perf_counter() - t0:.2f}s")
+        bar = None
+
+        def step(done, total, j=j):
+            nonlocal bar
+            if bar is None:
+                bar = click.progressbar(length=total, label=f"attribute {j}", file=sys.stderr, show_pos=True,
+                                        show_eta=True)
+                bar.__enter__()
+            bar.update(done - bar.pos)
+
+        try:
+            r = attribute_job(con, j, recompute_pattern=recompute_pattern, io_pattern=io_pattern,
+                              progress=step if tty else None)
+        finally:
+            if bar is not None:
+                bar.__exit__(None, None, None)
+        if not quiet:
+            click.echo(f"{j}: {r['intervals']} intervals, {r['totals']} totals in {time.perf_counter() - t0:.2f}s")
 
 
 @cli.command()

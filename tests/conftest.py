@@ -56,8 +56,8 @@ def _reference_ledgers(request, monkeypatch):
 
     core = attribution._attribute
 
-    def checked(con, job, recompute_pattern, io_pattern):
-        out = core(con, job, recompute_pattern, io_pattern)
+    def checked(con, job, recompute_pattern, io_pattern, progress=None):
+        out = core(con, job, recompute_pattern, io_pattern, progress)
         key = reference_totals.input_key(con, job, recompute_pattern, io_pattern)
         got = reference_totals.results(con, job)
         if _RECORDING:
