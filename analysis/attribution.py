@@ -66,6 +66,8 @@ def drilldown_sql(nccl: bool = True) -> str:
 
 
 DRILLDOWN_VIEW = "CREATE OR REPLACE VIEW ledger_drilldown AS" + drilldown_sql()
+# tables other modules compute from a job's attribution: a new attribution removes the job's rows
+DERIVED = ("critical_path", "kernel_efficiency")
 
 def _ensure_tables(con):
     for t, cols in DDL.items():
@@ -141,6 +143,11 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
         if t != "clock_offsets":
             con.execute(f"DELETE FROM {t} WHERE job = ?", [job])
     con.execute("DELETE FROM diagnostics WHERE job = ? AND source = 'attribution'", [job])
+    # results computed from the previous attribution (critical paths, per-kernel efficiency with its waits) go
+    # with it, so no view shows them beside the new ledgers
+    for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = "
+                            "current_schema() AND list_contains(?, table_name)", [list(DERIVED)]).fetchall():
+        con.execute(f"DELETE FROM {t} WHERE job = ?", [job])
     import time
 
     t0 = time.perf_counter()

@@ -202,3 +202,27 @@ def test_real_traces_give_well_formed_paths(db):
     attribute_job(db, "gloo")
     with pytest.raises(CriticalPathError, match="no GPU ops"):
         critical_path(db, "gloo")
+
+
+def test_a_new_attribution_drops_the_results_computed_from_the_old(tmp_path):
+    """critical_path and kernel_efficiency rows are computed from a job's attribution: re-attributing the job
+    (new traces, other patterns) removes them, and leaves other jobs' rows alone."""
+    from analysis.efficiency import kernel_efficiency
+
+    db = connect(tmp_path / "s.duckdb")
+    for job in ("a", "b"):
+        generate(tmp_path / job, ranks=2, steps=2, seed=1)
+        ingest_paths(db, sorted((tmp_path / job).glob("rank-*.json")), job=job)
+        attribute_job(db, job)
+        critical_path(db, job)
+        kernel_efficiency(db, job)
+
+    def count(t, job):
+        return db.execute(f"SELECT count(*) FROM {t} WHERE job = ?", [job]).fetchall()[0][0]
+
+    assert all(count(t, j) > 0 for t in ("critical_path", "kernel_efficiency") for j in "ab")
+    attribute_job(db, "a")
+    assert count("critical_path", "a") == 0 and count("kernel_efficiency", "a") == 0
+    assert count("critical_path", "b") > 0 and count("kernel_efficiency", "b") > 0
+    critical_path(db, "a")
+    assert count("critical_path", "a") > 0
