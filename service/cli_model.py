@@ -65,6 +65,18 @@ def _memory_table(pred):
                    + f" {tot / 1e9:10.3f}" + ("  exceeds HBM" if tot > hbm else ""))
 
 
+def _excluded(pred):
+    for e in pred.excluded:
+        click.echo(f"not in the trace (predicted, shown, not compared): {e.what} — {e.reason}")
+
+
+def _explain(pred):
+    from analysis.cost_model.explain import text
+
+    for line in text(pred, pred.mean(), pred.mean(compared=True)):
+        click.echo(line)
+
+
 def _classes(ledgers):
     """Group ranks with identical predicted ledgers."""
     out = {}
@@ -80,7 +92,8 @@ def register(cli):
     @click.option("--job", default=None, help="the job whose trace fills in what it tells")
     @click.option("--no-calibrate", is_flag=True, help="use the presets' alpha/beta and the configured MFU")
     @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
-    def predict(config, db, job, no_calibrate, fmt):
+    @click.option("--explain", is_flag=True, help="per ledger, the terms it is made of, with values and sources")
+    def predict(config, db, job, no_calibrate, fmt, explain):
         """Predict the nine ledgers per step and the memory ledger from CONFIG (TOML)."""
         from analysis.cost_model.predict import predict_file
         from store.connection import connect
@@ -104,9 +117,17 @@ def register(cli):
             if con is not None:
                 con.close()
         if fmt == "json":
-            click.echo(json.dumps({"inputs": [dict(zip(("key", "value", "source", "note"), r)) for r in pred.cfg.rows()],
-                                   "ledgers_ns": {str(r): d for r, d in pred.ledgers.items()},
-                                   "memory_bytes": {str(r): d for r, d in pred.memory.items()}}, default=str))
+            out = {"inputs": [dict(zip(("key", "value", "source", "note"), r)) for r in pred.cfg.rows()],
+                   "ledgers_ns": {str(r): d for r, d in pred.ledgers.items()},
+                   "in_trace_ns": {str(r): d for r, d in pred.compared.items()},
+                   "not_in_trace": [{"axis": e.axis, "what": e.what, "reason": e.reason} for e in pred.excluded],
+                   "calibrated_from": pred.sources,
+                   "memory_bytes": {str(r): d for r, d in pred.memory.items()}}
+            if explain:
+                from analysis.cost_model.explain import terms
+
+                out["terms"] = [t.__dict__ for t in terms(pred)]
+            click.echo(json.dumps(out, default=str))
             return
         _print_inputs(pred)
         rows = []
@@ -114,6 +135,9 @@ def register(cli):
             label = str(ranks[0]) if len(ranks) == 1 else f"{len(ranks)} ranks"
             rows.append((label, d))
         _ledger_table("predicted ledgers per step (ms), by rank", rows)
+        _excluded(pred)
+        if explain:
+            _explain(pred)
         _memory_table(pred)
 
     @cli.command()
@@ -121,7 +145,8 @@ def register(cli):
     @click.option("--job", required=True)
     @click.option("--config", "config", required=True, type=click.Path(dir_okay=False))
     @click.option("--no-calibrate", is_flag=True, help="use the presets' alpha/beta and the configured MFU")
-    def compare(db, job, config, no_calibrate):
+    @click.option("--explain", is_flag=True, help="per ledger, the terms it is made of, with values and sources")
+    def compare(db, job, config, no_calibrate, explain):
         """Store the prediction for JOB and print measured, predicted and residual per ledger."""
         from analysis.cost_model import compare as cmp
         from analysis.cost_model.predict import predict_file
@@ -153,18 +178,29 @@ def register(cli):
         step_p = sum(v["predicted"] for v in res.values())
         click.echo(f"{job}: config {config} (sha {pred.cfg.sha[:12]}), {len(pred.ledgers)} ranks predicted, "
                    f"{len(meas)} measured; {n} predicted_ledgers rows stored")
-        click.echo(f"  {'ledger':14s} {'measured_ms':>12s} {'predicted_ms':>13s} {'residual_ms':>12s} {'resid/step':>10s}")
+        gone = sum(v["not_in_trace"] for v in res.values())
+        click.echo(f"  {'ledger':14s} {'measured_ms':>12s} {'predicted_ms':>13s} {'residual_ms':>12s} {'resid/step':>10s}"
+                   + (f" {'not_in_trace_ms':>16s}" if pred.excluded else ""))
         for led in LEDGERS:
             v = res[led]
             click.echo(f"  {led:14s} {v['measured'] / 1e6:12.3f} {v['predicted'] / 1e6:13.3f} "
-                       f"{v['residual'] / 1e6:12.3f} {v['residual'] / (step_m or 1) * 100:9.1f}%")
+                       f"{v['residual'] / 1e6:12.3f} {v['residual'] / (step_m or 1) * 100:9.1f}%"
+                       + (f" {v['not_in_trace'] / 1e6:16.3f}" if pred.excluded else ""))
         click.echo(f"  {'step':14s} {step_m / 1e6:12.3f} {step_p / 1e6:13.3f} {(step_m - step_p) / 1e6:12.3f} "
-                   f"{(step_m - step_p) / (step_m or 1) * 100:9.1f}%")
+                   f"{(step_m - step_p) / (step_m or 1) * 100:9.1f}%" + (f" {gone / 1e6:16.3f}" if pred.excluded else ""))
+        if pred.excluded:
+            click.echo(f"  (the step compared leaves out {gone / 1e6:.3f} ms the trace cannot contain; "
+                       f"whole predicted step {(step_p + gone) / 1e6:.3f} ms)")
+        _excluded(pred)
+        for led, how in pred.sources.items():
+            click.echo(f"calibrated: {led} from {how}")
         diff = cmp.differing_ranks(meas, pred)
         if diff:
             click.echo("per rank (measured / predicted ms) where ranks differ")
             click.echo(f"  {'rank':>4s} " + " ".join(f"{n[:12]:>17s}" for n in LEDGERS))
             for r in diff:
-                click.echo(f"  {r:4d} " + " ".join(f"{meas[r][k] / 1e6:8.3f}/{pred.ledgers[r][k] / 1e6:<8.3f}"
+                click.echo(f"  {r:4d} " + " ".join(f"{meas[r][k] / 1e6:8.3f}/{pred.compared[r][k] / 1e6:<8.3f}"
                                                    for k in LEDGERS))
+        if explain:
+            _explain(pred)
         _memory_table(pred)

@@ -325,6 +325,17 @@ TABLES: dict[str, str] = {
         ledger VARCHAR NOT NULL,
         ns BIGINT NOT NULL,
         config_sha VARCHAR NOT NULL
+    """,  # the prediction the trace can contain (what is compared); every part, excluded ones too: predicted_parts
+    "predicted_parts": """
+        job VARCHAR NOT NULL,
+        rank INTEGER NOT NULL,
+        step INTEGER NOT NULL,            -- as in predicted_ledgers
+        ledger VARCHAR NOT NULL,
+        ns BIGINT NOT NULL,
+        config_sha VARCHAR NOT NULL,
+        in_trace BOOLEAN NOT NULL,        -- false: a component the trace cannot contain (shown, not compared)
+        reason VARCHAR,                   -- why it is not in the trace; NULL when in_trace
+        calibrated_from VARCHAR           -- what the ledger's inputs were calibrated from
     """,
     "predicted_memory": """
         job VARCHAR NOT NULL,

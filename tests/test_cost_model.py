@@ -278,7 +278,9 @@ def test_expert_loads_from_measured_split_sizes(tmp_path, db):
     assert f["a2a_bytes"] == gt["tokens_sent_per_rank"] * gt["hidden"] * gt["dtype_bytes"]
     cfg = load_config(write(tmp_path, "[model]\nlayers = 3\nhidden = 4096\nheads = 32\nseq_len = 8192\n"
                                       "experts = 4\ntop_k = 1\n"))
-    pred = predict(cfg, db, "moe")
+    # the configured MFU, as before shape-free calibration: this test is about the loads (the generated job is
+    # forward-only, so calibrating a training step's compute from its kernels is tested elsewhere)
+    pred = predict(cfg, db, "moe", calibrate_from_trace=False)
     assert cfg.values["parallel.ep"].source == "trace" and cfg["parallel.dp"] == 4
     mean = sum(gt["recv_tokens_per_layer"]) / 4
     loads = next(v for k, v, _ in pred.details if k == "EP loads per EP index")

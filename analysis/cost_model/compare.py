@@ -6,7 +6,7 @@ from store.schema import TABLES
 
 from .memory import MEMORY_ITEMS
 
-TABLE_NAMES = ("predicted_ledgers", "predicted_memory")
+TABLE_NAMES = ("predicted_ledgers", "predicted_parts", "predicted_memory")
 
 
 def ensure_tables(con) -> None:
@@ -29,20 +29,34 @@ def measured(con, job: str) -> dict:
 
 def store(con, job: str, pred) -> int:
     """Replace the job's predicted rows, in one transaction. One row per rank, measured step and ledger (the
-    prediction is per step and the same for every step)."""
+    prediction is per step and the same for every step) in predicted_ledgers: what the trace can contain, the
+    part compared. predicted_parts holds the same rows with in_trace true and what calibrated them, and for a
+    ledger that also holds a component the trace cannot contain, a row with that part, in_trace false and
+    the reason: a ledger's parts sum to the whole prediction. Returns the predicted_ledgers row count."""
     ensure_tables(con)
     steps = {}
     if measured(con, job):
         for rank, step in con.execute("SELECT DISTINCT rank, step FROM ledger_totals WHERE job = ?", [job]).fetchall():
             steps.setdefault(rank, []).append(step)
-    rows = [(job, r, st, led, int(ns), pred.cfg.sha) for r, d in pred.ledgers.items()
-            for st in sorted(steps.get(r, [-1])) for led, ns in d.items()]
+    why = "; ".join(f"{e.what}: {e.reason}" for e in pred.excluded) or None
+    rows, parts = [], []
+    for r, d in pred.ledgers.items():
+        cmp = pred.compared[r]
+        for st in sorted(steps.get(r, [-1])):
+            for led, ns in d.items():
+                src = pred.sources.get(led)
+                rows.append((job, r, st, led, int(cmp[led]), pred.cfg.sha))
+                parts.append((job, r, st, led, int(cmp[led]), pred.cfg.sha, True, None, src))
+                if ns != cmp[led]:
+                    parts.append((job, r, st, led, int(ns - cmp[led]), pred.cfg.sha, False, why, src))
     mem = [(job, r, item, float(d[item])) for r, d in pred.memory.items() for item in MEMORY_ITEMS]
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM predicted_ledgers WHERE job = ?", [job])
+        con.execute("DELETE FROM predicted_parts WHERE job = ?", [job])
         con.execute("DELETE FROM predicted_memory WHERE job = ?", [job])
         con.executemany("INSERT INTO predicted_ledgers VALUES (?, ?, ?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO predicted_parts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", parts)
         con.executemany("INSERT INTO predicted_memory VALUES (?, ?, ?, ?)", mem)
         con.execute("COMMIT")
     except Exception:
@@ -52,13 +66,16 @@ def store(con, job: str, pred) -> int:
 
 
 def residuals(meas: dict, pred) -> dict:
-    """Per ledger: measured, predicted (means over the ranks both have), residual = measured − predicted."""
+    """Per ledger: measured, predicted (what the trace can contain; means over the ranks both have), residual =
+    measured − predicted, and not_in_trace: the predicted part left out of the comparison."""
     ranks = sorted(set(meas) & set(pred.ledgers))
+    comp = pred.compared
     out = {}
     for led in LEDGERS:
         m = sum(meas[r][led] for r in ranks) / len(ranks) if ranks else 0.0
-        p = sum(pred.ledgers[r][led] for r in ranks) / len(ranks) if ranks else 0.0
-        out[led] = {"measured": m, "predicted": p, "residual": m - p}
+        p = sum(comp[r][led] for r in ranks) / len(ranks) if ranks else 0.0
+        full = sum(pred.ledgers[r][led] for r in ranks) / len(ranks) if ranks else 0.0
+        out[led] = {"measured": m, "predicted": p, "residual": m - p, "not_in_trace": full - p}
     return out
 
 
@@ -72,6 +89,6 @@ def differing_ranks(meas: dict, pred, rel: float = 0.02) -> list[int]:
     out = []
     for r in ranks:
         if any(abs(meas[r][k] - res[k]["measured"]) > rel * step
-               or abs(pred.ledgers[r][k] - res[k]["predicted"]) > rel * step for k in LEDGERS):
+               or abs(pred.compared[r][k] - res[k]["predicted"]) > rel * step for k in LEDGERS):
             out.append(r)
     return out

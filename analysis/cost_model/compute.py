@@ -27,11 +27,25 @@ def achieved_flops(cfg: Config, hw) -> float:
     return cfg["compute.mfu"] * hw.peak(cfg["model.dtype"])
 
 
-def microbatch_times(cfg: Config, hw, achieved: float | None = None, loads: list[float] | None = None) -> dict:
+def microbatch_times(cfg: Config, hw, achieved: float | None = None, loads: list[float] | None = None,
+                     shape_free: dict | None = None) -> dict:
     """Seconds of compute per micro-batch on one rank of one stage: forward dense part, forward expert part
     per EP rank (× its load), backward = bwd_fwd_ratio × forward, recompute (full: a forward of the
-    checkpointed layers; selective: the attention-core forward, Korthikanti et al. 2022 §5)."""
+    checkpointed layers; selective: the attention-core forward, Korthikanti et al. 2022 §5). With
+    ``shape_free`` (shapefree.calibrate) the forward parts are the measured kernel times instead of FLOPs / rate."""
     fpt = flops_per_token(cfg)
+    if shape_free is not None:
+        from .shapefree import recompute_ratio
+
+        loads = loads or [1.0]
+        fw = [shape_free["fwd_dense"] + shape_free["fwd_expert"] * x for x in loads]
+        rho = recompute_ratio(cfg, fpt)
+        tokens = cfg["parallel.micro_batch_size"] * cfg["model.seq_len"]
+        split = cfg["parallel.tp"] * cfg["parallel.pp"] * cfg["parallel.cp"]
+        mean_f = shape_free["fwd_dense"] + shape_free["fwd_expert"]
+        ach = tokens * fpt["forward"] / split / mean_f if mean_f > 0 else 0.0
+        return {"fwd": fw, "bwd": [cfg["compute.bwd_fwd_ratio"] * f for f in fw], "recompute": [rho * (f if cfg["parallel.recompute"] == "full" else mean_f) for f in fw],
+                "achieved": ach, "tokens": tokens}
     tp, pp, cp = cfg["parallel.tp"], cfg["parallel.pp"], cfg["parallel.cp"]
     tokens = cfg["parallel.micro_batch_size"] * cfg["model.seq_len"]
     split = tp * pp * cp

@@ -29,10 +29,19 @@ class Prediction:
     fits: list = field(default_factory=list)
     events: dict | None = None
     windows: dict | None = None
+    in_trace: dict | None = None       # rank -> {ledger: ns} without the components the trace cannot contain
+    excluded: list = field(default_factory=list)   # coverage.Excluded: predicted, shown, not compared
+    sources: dict = field(default_factory=dict)    # ledger -> what its inputs were calibrated from
 
-    def mean(self) -> dict:
-        n = len(self.ledgers)
-        return {k: sum(v[k] for v in self.ledgers.values()) / n for k in LEDGERS}
+    def mean(self, compared: bool = False) -> dict:
+        led = self.compared if compared else self.ledgers
+        n = len(led)
+        return {k: sum(v[k] for v in led.values()) / n for k in LEDGERS}
+
+    @property
+    def compared(self) -> dict:
+        """The ledgers set beside the measured ones (the whole prediction when the trace can contain all of it)."""
+        return self.in_trace if self.in_trace is not None else self.ledgers
 
     @property
     def step_ns(self) -> float:
@@ -84,14 +93,16 @@ def ns(x: float) -> int:
     return int(round(x * 1e9))
 
 
-def build_plan(cfg: Config, hw, fits=(), achieved: float | None = None) -> tuple[StepPlan, list]:
+def build_plan(cfg: Config, hw, fits=(), achieved: float | None = None, shape_free: dict | None = None
+               ) -> tuple[StepPlan, list]:
     costs = Costs(cfg, hw, fits)
     g = {x: cfg[f"parallel.{x}"] for x in ("dp", "tp", "pp", "ep", "cp")}
     details = []
     measured = cfg.get("trace.ep_loads")
     loads = expert_loads(g["ep"], cfg["model.expert_imbalance"], 0, measured) if g["ep"] > 1 else [1.0]
-    mt = microbatch_times(cfg, hw, achieved, loads)
-    details.append(("achieved FLOP/s", mt["achieved"], "compute kernels"))
+    mt = microbatch_times(cfg, hw, achieved, loads, shape_free)
+    details.append(("achieved FLOP/s", mt["achieved"], "model FLOPs / measured kernel time (shape-free)"
+                    if shape_free else "GEMMs with Input Dims" if achieved else "compute.mfu × preset peak"))
     fpt = flops_per_token(cfg)
     details.append(("training FLOPs / token", fpt["training"], "6N + 12·L·h·s"))
     act_b = 4 if cfg["model.dtype"] == "fp32" else 2
@@ -149,64 +160,127 @@ def build_plan(cfg: Config, hw, fits=(), achieved: float | None = None) -> tuple
         plan.grad_sync = ns(t_g)
         details.append((f"DP {plan.grad_coll}", t_g, f"{int(gb)} B over {n_dp}"))
     shard = p_gpu / (n_dp if zs >= 1 else 1)
-    plan.optimizer = ns(cfg["compute.optimizer_bytes_per_param"] * shard / hw.hbm_bw)
-    details.append(("optimizer step", plan.optimizer / 1e9, f"{shard:.3g} params, HBM-bound"))
+    if shape_free and shape_free.get("optimizer") is not None:
+        plan.optimizer = ns(shape_free["optimizer"])
+        details.append(("optimizer step", plan.optimizer / 1e9,
+                        f"measured: {shape_free['kernels']['optimizer']} optimizer kernels"))
+    else:
+        plan.optimizer = ns(cfg["compute.optimizer_bytes_per_param"] * shard / hw.hbm_bw)
+        details.append(("optimizer step", plan.optimizer / 1e9, f"{shard:.3g} params, HBM-bound"))
     return plan, details
+
+
+def fit_layout(cfg: Config, world: int | None) -> None:
+    """The one rule for a layout that contradicts the trace: the trace wins, with a note. What the trace tells
+    (world size, group sizes) has already replaced the file's values; ``parallel.dp``, when no DP group told
+    it, is then re-derived as world / (tp·pp·cp), noting what the file said. Only a layout that no dp can
+    make fit — dp itself told by the trace, or a world size that tp·pp·cp does not divide — is an error."""
+    if not world or world_size(cfg) == world:
+        return
+    from .config import ConfigError
+
+    mp = cfg["parallel.tp"] * cfg["parallel.pp"] * cfg["parallel.cp"]
+    if cfg.values["parallel.dp"].source == "trace":
+        raise ConfigError(cfg.path, "parallel", f"dp*tp*pp*cp = {world_size(cfg)} but the trace has world size "
+                          f"{world} (dp = {cfg['parallel.dp']} from its process groups)")
+    if world % mp:
+        raise ConfigError(cfg.path, "parallel", f"dp*tp*pp*cp = {world_size(cfg)} but the trace has world size "
+                          f"{world}, not a multiple of tp*pp*cp = {mp}")
+    cfg.set("parallel.dp", world // mp, "trace", f"= world size {world} / (tp*pp*cp)")
+
+
+def _ledgers(plan: StepPlan, cfg: Config):
+    """(ledgers per rank, events, windows, how the bubble was found) of a plan."""
+    p, sched = plan.pp, plan.schedule
+    if p == 1 or sched in SIMULATED:
+        led, events, windows = step_ledgers(plan)
+        return led, events, windows, ("timeline simulation" if p > 1 else "no pipeline")
+    # the stage's blocks back to back, plus the bubble of the schedule: simulated per stage
+    # (schedule_sim: interleaved, zero-bubble) or the closed form (dualpipe), with the point-to-point
+    # transfers (1 − overlap.pp) exposed on every hop
+    from . import schedule_sim
+
+    flat = replace(plan, pp=1)
+    led1, _events, _windows = step_ledgers(flat)
+    w = cfg["compute.weight_grad_share"]
+    d_f = max(plan.fwd) + plan.a2a_fwd + plan.tp_fwd
+    d_b = max(plan.bwd) + max(plan.rec) + plan.a2a_bwd + plan.tp_bwd
+    hop = (1 - plan.overlap.get("pp", 0.0)) * plan.p2p
+    if sched in schedule_sim.SCHEDULES:
+        zb = sched == "zero-bubble"
+        sim = schedule_sim.simulate(sched, p, plan.m, cfg["parallel.v"], t_f=d_f, t_b=d_b * (1 - w) if zb else d_b,
+                                    t_w=d_b * w if zb else None, t_p2p=hop)
+        bub = {s: sim.idle[s] for s in range(p)}
+        p2p = 0.0          # the hops are inside the simulated idle time
+        how = f"{sched} simulated (schedule_sim), makespan {sim.makespan / 1e6:.3f} ms"
+    else:
+        b = bubble_time(sched, p, plan.m, d_f, d_b * (1 - w), d_b * w, cfg["parallel.v"])
+        bub = {s: b for s in range(p)}
+        p2p = 2 * (p - 1) * hop
+        how = f"{sched} closed form"
+    n1 = flat.world
+    led = {}
+    for r in range(plan.world):
+        x = dict(led1[r % n1])
+        x["bubble"] += int(round(bub[coords(plan, r)["pp"]]))
+        x["exposed_comm"] += int(round(p2p))
+        led[r] = x
+    return led, None, None, how
+
+
+def _calibrate(cfg: Config, con, job: str, hw) -> tuple[list, float | None, dict | None, str]:
+    """α/β fits, GEMM FLOP/s from shapes, or the shape-free per-class kernel times; and what compute was
+    calibrated from."""
+    from . import shapefree
+
+    fits = calibrate.fit_from_trace(con, job, hw.nvlink_alpha) + calibrate.fit_from_nccl_tests(con, None,
+                                                                                              hw.nvlink_alpha)
+    seen, uniq = set(), []
+    for f in fits:          # the trace's own collectives first, nccl-tests for what it lacks
+        if (f.coll, f.nranks) not in seen:
+            seen.add((f.coll, f.nranks))
+            uniq.append(f)
+    ga = calibrate.gemm_achieved(con, job)
+    if ga:
+        cfg.set("trace.gemm_flops_per_s", round(ga["achieved"] / 1e12, 2), "trace",
+                f"TFLOP/s over {ga['kernels']} GEMM kernels with Input Dims")
+        return uniq, ga["achieved"], None, f"GEMM Input Dims ({ga['kernels']} kernels)"
+    ct = shapefree.class_times(con, job)
+    sf = shapefree.calibrate(cfg, ct, flops_per_token(cfg)) if ct else None
+    if sf is None:
+        return uniq, None, None, f"compute.mfu {cfg['compute.mfu']} × {hw.name} peak (no shapes, no math kernels)"
+    n = sum(sf["kernels"].values())
+    cfg.set("trace.compute_calibration", "shape-free", "trace",
+            f"no Input Dims: {n} compute kernels per class / ({sf['layers_stage']:g} layers × "
+            f"{sf['micro_batches']} micro-batches)")
+    for c, t in sf["per_layer"].items():
+        cfg.set(f"trace.{c}_ms_per_layer", round(t * 1e3, 4), "trace",
+                f"{sf['kernels'][c]} kernels, per layer and micro-batch")
+    return uniq, None, sf, f"shape-free: measured kernel time per class ({n} kernels)"
 
 
 def predict(cfg: Config, con=None, job: str | None = None, calibrate_from_trace: bool = True,
             keep_events: bool = False) -> Prediction:
     """Prediction for ``cfg`` (loaded with load_config); with ``con`` and ``job`` the trace's facts and its
-    calibration (α/β fits, GEMM FLOP/s) are used."""
-    fits, achieved = [], None
+    calibration (α/β fits, GEMM FLOP/s or shape-free kernel times) are used, and the components the trace
+    cannot contain are set apart (coverage.py)."""
+    fits, achieved, sf = [], None, None
+    facts = None
     if con is not None and job is not None:
         from .infer import infer
 
-        apply_trace(cfg, infer(con, job))
+        facts = infer(con, job)
+        apply_trace(cfg, facts)
     world = cfg.get("trace.world_size")
     resolve(cfg, world)
-    if world and world_size(cfg) != world:
-        from .config import ConfigError
-
-        raise ConfigError(cfg.path, "parallel", f"dp*tp*pp*cp = {world_size(cfg)} but the trace has world size "
-                          f"{world}")
+    fit_layout(cfg, world)
     hw = cfg.hardware()
-    if con is not None and job is not None and calibrate_from_trace:
-        fits = calibrate.fit_from_trace(con, job, hw.nvlink_alpha) + calibrate.fit_from_nccl_tests(con, None,
-                                                                                                  hw.nvlink_alpha)
-        seen, uniq = set(), []
-        for f in fits:          # the trace's own collectives first, nccl-tests for what it lacks
-            if (f.coll, f.nranks) not in seen:
-                seen.add((f.coll, f.nranks))
-                uniq.append(f)
-        fits = uniq
-        ga = calibrate.gemm_achieved(con, job)
-        if ga:
-            achieved = ga["achieved"]
-            cfg.set("trace.gemm_flops_per_s", round(achieved / 1e12, 2), "trace",
-                    f"TFLOP/s over {ga['kernels']} GEMM kernels with Input Dims")
-    plan, details = build_plan(cfg, hw, fits, achieved)
+    compute_src = f"compute.mfu {cfg['compute.mfu']} × {hw.name} peak"
+    if facts is not None and calibrate_from_trace:
+        fits, achieved, sf, compute_src = _calibrate(cfg, con, job, hw)
+    plan, details = build_plan(cfg, hw, fits, achieved, sf)
+    led, events, windows, bubble_how = _ledgers(plan, cfg)
     p, sched = plan.pp, plan.schedule
-    if p == 1 or sched in SIMULATED:
-        led, events, windows = step_ledgers(plan)
-    else:
-        # schedules without a simulation: the stage's blocks back to back, plus the closed-form bubble and
-        # the point-to-point transfers of warm-up and cool-down, 2(p−1) hops, (1 − overlap.pp) exposed
-        flat = replace(plan, pp=1)
-        led1, events, windows = step_ledgers(flat)
-        w = cfg["compute.weight_grad_share"]
-        d_f = max(plan.fwd) + plan.a2a_fwd + plan.tp_fwd
-        d_b = max(plan.bwd) + max(plan.rec) + plan.a2a_bwd + plan.tp_bwd
-        bub = bubble_time(sched, p, plan.m, d_f, d_b * (1 - w), d_b * w, cfg["parallel.v"])
-        p2p = (1 - plan.overlap.get("pp", 0.0)) * 2 * (p - 1) * plan.p2p
-        n1 = flat.world
-        led = {}
-        for r in range(plan.world):
-            x = dict(led1[r % n1])
-            x["bubble"] += int(round(bub))
-            x["exposed_comm"] += int(round(p2p))
-            led[r] = x
-        events = windows = None
     if p > 1:
         w = cfg["compute.weight_grad_share"]
         d_f = max(plan.fwd)
@@ -216,6 +290,17 @@ def predict(cfg: Config, con=None, job: str | None = None, calibrate_from_trace:
                         "no communication"))
     mem = {r: memory_ledger(cfg, coords(plan, r)["pp"]) for r in range(plan.world)}
     pred = Prediction(cfg, plan, led, mem, details, fits)
+    comm_src = (", ".join(f"{f.coll} n={f.nranks} ({f.source})" for f in fits) + "; α–β preset otherwise"
+                if fits else f"α–β of the {hw.name} preset links")
+    pred.sources = {"compute": compute_src, "recompute": compute_src, "exposed_comm": comm_src,
+                    "straggler": comm_src + "; expert loads" if plan.ep > 1 else comm_src,
+                    "bubble": bubble_how}
+    if facts is not None:
+        from . import coverage
+
+        pred.excluded = coverage.missing(plan, facts, coverage.kernel_classes(con, job))
+        if pred.excluded:
+            pred.in_trace = _ledgers(coverage.strip(plan, pred.excluded), cfg)[0]
     if keep_events:
         pred.events, pred.windows = events, windows
     return pred
