@@ -89,7 +89,11 @@ def test_ring_and_tree_alpha_beta():
 
 def test_hardware_presets_and_devices():
     pre = load_presets()
-    assert set(pre) == {"A100", "H100", "H200", "B200", "MI300X"}
+    assert set(pre) == {"A100", "H100", "H200", "H800", "B200", "MI300X"}
+    # H800: H100's compute and memory, NVLink cut to 400 GB/s bidirectional (200 per direction)
+    assert pre["H800"].peak_bf16 == pre["H100"].peak_bf16 and pre["H800"].hbm_bw == pre["H100"].hbm_bw
+    assert pre["H800"].nvlink_beta == 200e9 < pre["H100"].nvlink_beta
+    assert preset_for_device("NVIDIA H800") == "H800" and preset_for_device("NVIDIA H800 80GB HBM3") == "H800"
     assert pre["A100"].peak_bf16 == 312e12 and pre["H100"].peak_bf16 == 989e12
     assert pre["H200"].hbm_bytes == 141e9 and pre["B200"].hbm_bw == 8e12 and pre["MI300X"].peak_bf16 == 1307.4e12
     assert pre["A100"].peak("fp8") == 312e12           # no FP8 on A100: BF16 peak

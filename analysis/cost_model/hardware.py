@@ -71,7 +71,7 @@ def preset_for_device(device_name: str | None) -> str | None:
     if not device_name:
         return None
     n = device_name.upper()
-    for key in ("MI300X", "B200", "H200", "H100", "A100"):
+    for key in ("MI300X", "B200", "H200", "H800", "H100", "A100"):
         if key in n:
             return key
     return None
