@@ -186,6 +186,10 @@ def _validate(cfg: Config):
         raise ConfigError(p, "model.top_k", "larger than model.experts")
     if cfg["parallel.schedule"] == "dualpipe" and cfg["parallel.pp"] % 2:
         raise ConfigError(p, "parallel.pp", "DualPipe needs an even number of stages")
+    m_ = cfg["parallel.micro_batches"]
+    if cfg["parallel.schedule"] == "dualpipe" and cfg["parallel.pp"] > 1 and (m_ % 2 or m_ < 2 * cfg["parallel.pp"]):
+        raise ConfigError(p, "parallel.micro_batches", "DualPipe feeds half the micro-batches from each end: "
+                          f"needs an even number, at least 2 * pp = {2 * cfg['parallel.pp']}, got {m_}")
     try:
         cfg.hardware()
     except KeyError as e:

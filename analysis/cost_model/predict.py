@@ -206,24 +206,43 @@ def _ledgers(plan: StepPlan, cfg: Config):
     d_f = max(plan.fwd) + plan.a2a_fwd + plan.tp_fwd
     d_b = max(plan.bwd) + max(plan.rec) + plan.a2a_bwd + plan.tp_bwd
     hop = (1 - plan.overlap.get("pp", 0.0)) * plan.p2p
-    if sched in schedule_sim.SCHEDULES:
+    sim = None
+    if sched in schedule_sim.SCHEDULES and not (sched == "interleaved" and plan.m % p):
         zb = sched == "zero-bubble"
         sim = schedule_sim.simulate(sched, p, plan.m, cfg["parallel.v"], t_f=d_f, t_b=d_b * (1 - w) if zb else d_b,
                                     t_w=d_b * w if zb else None, t_p2p=hop)
+    if sim is not None:
         bub = {s: sim.idle[s] for s in range(p)}
         p2p = 0.0          # the hops are inside the simulated idle time
         how = f"{sched} simulated (schedule_sim), makespan {sim.makespan / 1e6:.3f} ms"
+    elif sched == "dualpipe":
+        # chunk pairs: the all-to-all of each chunk under the paired chunk's compute (dualpipe_sim); the flat
+        # step's exposed all-to-all is replaced by what the simulation leaves exposed
+        from .dualpipe_sim import simulate_dualpipe
+
+        led0 = step_ledgers(replace(flat, a2a_fwd=0, a2a_bwd=0))[0]
+        b_all = max(plan.bwd) + max(plan.rec)
+        sim = simulate_dualpipe(p, plan.m, c_f=max(plan.fwd) + plan.tp_fwd, c_b=b_all * (1 - w) + plan.tp_bwd,
+                                c_w=b_all * w, a_f=plan.a2a_fwd, a_b=plan.a2a_bwd, t_p2p=hop)
+        bub = {s: sim.idle[s] for s in range(p)}
+        p2p = 0.0
+        for r in range(flat.world):
+            led1[r] = dict(led1[r], exposed_comm=led0[r]["exposed_comm"])
+        a2a = {s: sim.exposed[s] for s in range(p)}
+        how = (f"dualpipe simulated (dualpipe_sim: chunk pairs, EP all-to-all under the paired chunk), makespan "
+               f"{sim.makespan / 1e6:.3f} ms")
     else:
         b = bubble_time(sched, p, plan.m, d_f, d_b * (1 - w), d_b * w, cfg["parallel.v"])
         bub = {s: b for s in range(p)}
         p2p = 2 * (p - 1) * hop
-        how = f"{sched} closed form"
+        how = f"{sched} closed form" + (" (Megatron's order needs m a multiple of p)" if sched == "interleaved" else "")
     n1 = flat.world
     led = {}
     for r in range(plan.world):
         x = dict(led1[r % n1])
-        x["bubble"] += int(round(bub[coords(plan, r)["pp"]]))
-        x["exposed_comm"] += int(round(p2p))
+        s = coords(plan, r)["pp"]
+        x["bubble"] += int(round(bub[s]))
+        x["exposed_comm"] += int(round(p2p + (a2a[s] if sched == "dualpipe" else 0.0)))
         led[r] = x
     return led, None, None, how
 
