@@ -60,7 +60,7 @@ def test_dp_sync_not_in_trace_is_predicted_but_not_compared(tmp_path, moe_db):
     assert "the trace records no DP collective" in r.output
     con = connect(moe_db, read_only=True)
     pred = predict(load_config(cfg), con, "moe")
-    assert [e.axis for e in pred.excluded] == ["dp"]
+    assert [e.axis for e in pred.excluded] == ["dp", "optimizer"]      # a forward-only profile: no optimizer
     full, comp = pred.mean(), pred.mean(compared=True)
     assert pred.plan.grad_sync > 0 and full["exposed_comm"] > comp["exposed_comm"]
     # predicted_ledgers holds what the trace can contain; predicted_parts every part, with the reason

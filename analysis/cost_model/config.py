@@ -184,8 +184,9 @@ def _validate(cfg: Config):
         raise ConfigError(p, "compute.mfu", "a fraction in (0, 1]")
     if cfg["model.top_k"] > cfg["model.experts"]:
         raise ConfigError(p, "model.top_k", "larger than model.experts")
-    if cfg["parallel.schedule"] == "dualpipe" and cfg["parallel.pp"] % 2:
-        raise ConfigError(p, "parallel.pp", "DualPipe needs an even number of stages")
+    if cfg["parallel.schedule"] == "dualpipe" and cfg["parallel.pp"] % 2 and cfg["parallel.pp"] != 1:
+        raise ConfigError(p, "parallel.pp", "DualPipe needs an even number of stages (or pp = 1: one rank's chunk "
+                          "pairs)")
     m_ = cfg["parallel.micro_batches"]
     if cfg["parallel.schedule"] == "dualpipe" and cfg["parallel.pp"] > 1 and (m_ % 2 or m_ < 2 * cfg["parallel.pp"]):
         raise ConfigError(p, "parallel.micro_batches", "DualPipe feeds half the micro-batches from each end: "

@@ -5,7 +5,9 @@ Rule (one, for every axis): a component is *in the trace* when the trace has a c
 that axis, or — where the groups are not recorded or not classified — any kernel of the collective's kind
 (an all-reduce / reduce-scatter / all-gather kernel for DP, TP; all-to-all for EP; send/recv for PP). Only when
 neither is there is it excluded. A partial trace (one chunk of a step, one rank of many) is the usual cause:
-e.g. a profile of one forward/backward chunk pair has no gradient sync and no stage-to-stage transfer."""
+e.g. a profile of one forward/backward chunk pair has no gradient sync and no stage-to-stage transfer. The
+optimizer step follows the same rule with the optimizer kernel class (a profile of forward and backward only
+has none)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -39,7 +41,19 @@ def kernel_classes(con, job: str) -> dict:
     return out
 
 
+def kernel_classes_compute(con, job: str) -> set:
+    """Compute kernel classes present in the job's traces."""
+    out = set()
+    for (name,) in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? AND kind = 'kernel'", [job]).fetchall():
+        fam, cls = classify_kernel(name)
+        if fam == "compute":
+            out.add(cls)
+    return out
+
+
 def _predicted(plan, axis) -> bool:
+    if axis == "optimizer":
+        return bool(plan.optimizer)
     if axis == "dp":
         return bool(plan.grad_sync or plan.param_gather)
     if axis == "tp":
@@ -49,8 +63,9 @@ def _predicted(plan, axis) -> bool:
     return bool(plan.p2p) and plan.pp > 1
 
 
-def missing(plan, facts: dict, classes: dict) -> list[Excluded]:
-    """The predicted components the trace cannot contain, by the rule above."""
+def missing(plan, facts: dict, classes: dict, compute_classes: set | None = None) -> list[Excluded]:
+    """The predicted components the trace cannot contain, by the rule above (the optimizer only when
+    ``compute_classes`` is given)."""
     axes_seen = {g["axis"] for g in (facts.get("groups") or {}).values() if g.get("colls")}
     out = []
     for axis, (kinds, what) in KINDS.items():
@@ -60,6 +75,8 @@ def missing(plan, facts: dict, classes: dict) -> list[Excluded]:
             continue
         out.append(Excluded(axis, what, f"the trace records no {axis.upper()} collective and no "
                                          f"{'/'.join(kinds)} kernel"))
+    if compute_classes is not None and _predicted(plan, "optimizer") and "optimizer" not in compute_classes:
+        out.append(Excluded("optimizer", "optimizer step", "the trace records no optimizer kernel"))
     return out
 
 
@@ -75,4 +92,6 @@ def strip(plan, excluded: list[Excluded]):
             kw.update(a2a_fwd=0, a2a_bwd=0)
         elif ex.axis == "pp":
             kw.update(p2p=0)
+        elif ex.axis == "optimizer":
+            kw.update(optimizer=0)
     return replace(plan, **kw)

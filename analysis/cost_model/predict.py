@@ -192,6 +192,8 @@ def fit_layout(cfg: Config, world: int | None) -> None:
 def _ledgers(plan: StepPlan, cfg: Config):
     """(ledgers per rank, events, windows, how the bubble was found) of a plan."""
     p, sched = plan.pp, plan.schedule
+    if p == 1 and sched == "dualpipe" and (plan.a2a_fwd or plan.a2a_bwd):
+        return _pairs(plan)
     if p == 1 or sched in SIMULATED:
         led, events, windows = step_ledgers(plan)
         return led, events, windows, ("timeline simulation" if p > 1 else "no pipeline")
@@ -245,6 +247,24 @@ def _ledgers(plan: StepPlan, cfg: Config):
         x["exposed_comm"] += int(round(p2p + (a2a[s] if sched == "dualpipe" else 0.0)))
         led[r] = x
     return led, None, None, how
+
+
+def _pairs(plan: StepPlan):
+    """DualPipe's steady state on one rank (pp = 1: a trace of chunk pairs): each micro-batch's forward runs
+    paired with another's backward, both chunks' all-to-all under the pair's compute; only what exceeds the
+    compute is exposed (dualpipe_sim's pair rule). Waits for the busiest EP rank stay straggler."""
+    led0 = step_ledgers(replace(plan, a2a_fwd=0, a2a_bwd=0))[0]
+    led1 = step_ledgers(plan)[0]
+    out = {}
+    for r in led0:
+        e = coords(plan, r)["ep"]
+        comp = plan.fwd[e] + plan.bwd[e] + plan.rec[e] + plan.tp_fwd + plan.tp_bwd
+        excess = max(0, plan.a2a_fwd + plan.a2a_bwd - comp)
+        x = dict(led0[r])
+        x["exposed_comm"] += plan.m * excess
+        x["straggler"] += led1[r]["straggler"]
+        out[r] = x
+    return out, None, None, "dualpipe chunk pairs (pp = 1): the all-to-all under the paired chunk's compute"
 
 
 def _calibrate(cfg: Config, con, job: str, hw) -> tuple[list, float | None, dict | None, str]:
@@ -317,7 +337,8 @@ def predict(cfg: Config, con=None, job: str | None = None, calibrate_from_trace:
     if facts is not None:
         from . import coverage
 
-        pred.excluded = coverage.missing(plan, facts, coverage.kernel_classes(con, job))
+        pred.excluded = coverage.missing(plan, facts, coverage.kernel_classes(con, job),
+                                         coverage.kernel_classes_compute(con, job))
         if pred.excluded:
             pred.in_trace = _ledgers(coverage.strip(plan, pred.excluded), cfg)[0]
     if keep_events:
