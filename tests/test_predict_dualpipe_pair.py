@@ -137,6 +137,13 @@ def test_planted_pair_predicted_within_10_percent(tmp_path, a2a_ns):
         assert res["exposed_comm"]["measured"] < 0.01 * planted["step_ns"]
     # the DP gradient sync and the optimizer are shown, not compared
     assert sum(v["not_in_trace"] for v in res.values()) > 0
+    from analysis.cost_model.explain import terms
+
+    t = {(x.ledger, x.term): x for x in terms(pred)}
+    assert t[("exposed_comm", "EP time (one): α·steps + bytes/β")].value == pytest.approx(a2a_ns / 1e6, rel=0.01)
+    assert t[("exposed_comm", "EP time (one): α·steps + bytes/β")].source.startswith("alltoall n=64 fitted from trace")
+    assert "no fit" in t[("exposed_comm", "DP time (one): α·steps + bytes/β")].source
+    assert "NOT IN TRACE" in t[("exposed_comm", "DP bytes (one)")].source
 
 
 def test_planted_pair_before(tmp_path):

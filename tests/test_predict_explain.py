@@ -53,7 +53,7 @@ def test_terms_recompose_the_compute_and_comm_ledgers(sample_db):
     con.close()
     assert nbytes == gt["collectives"][0]["nelems"] * 2
     one = t[("exposed_comm", "DP time (one): α·steps + bytes/β")]
-    assert "allreduce n=4 (trace)" in one["source"]
+    assert one["source"].startswith("allreduce n=4 fitted from trace")
     assert one["value"] / 1e3 == pytest.approx(fit.time(nbytes), rel=0.05)
     assert t[("exposed_comm", "DP overlap factor")]["value"] == 0.0
     # overlap 0 and nothing else on the stream: the ledger is the one all-reduce

@@ -53,7 +53,20 @@ def terms(pred) -> list[Term]:
     if max(plan.rec):
         add("recompute", "recompute per micro-batch", max(plan.rec) * ms, "ms",
             f"parallel.recompute = {cfg['parallel.recompute']} [{_src(cfg, 'parallel.recompute')}]")
-    comm = src.get("exposed_comm", "")
+    from .collectives import canonical
+
+    fits = {(f.coll, f.nranks): f for f in pred.fits}
+    sizes = {"tp": ("allreduce", plan.tp), "ep": ("alltoall", plan.ep), "pp": ("sendrecv", 2),
+             "dp": (canonical(plan.grad_coll), plan.dp * plan.cp)}
+    hw = cfg.hardware().name
+
+    def comm_src(axis):
+        coll, n = sizes[axis]
+        f = fits.get((coll, n))
+        if f is None:
+            return f"α–β of the {hw} preset link ({coll}, n={n}: no fit)"
+        return f"{coll} n={n} fitted from {f.source}: α={f.alpha * 1e6:.3g} us, β={f.beta / 1e9:.4g} GB/s"
+
     for axis, per, nbytes, count, ov in (
             ("tp", "TP all-reduce, one", plan.tp_bytes, 2 * cfg["model.layers"] / plan.pp, "overlap.tp"),
             ("ep", "EP all-to-all, one", plan.a2a_bytes, 2 * (cfg["model.moe_layers"] or 0) / plan.pp, "overlap.ep"),
@@ -64,7 +77,7 @@ def terms(pred) -> list[Term]:
             continue
         tag = f" — NOT IN TRACE: {excluded[axis].reason}" if axis in excluded else ""
         add("exposed_comm", f"{axis.upper()} bytes (one)", nbytes, "B", note + tag)
-        add("exposed_comm", f"{axis.upper()} time (one): α·steps + bytes/β", t1 * 1e3, "ms", comm)
+        add("exposed_comm", f"{axis.upper()} time (one): α·steps + bytes/β", t1 * 1e3, "ms", comm_src(axis))
         add("exposed_comm", f"{axis.upper()} count per {'block' if axis in ('tp', 'ep') else 'step'}", count, "",
             "2 per layer (forward), 2 (backward)" if axis in ("tp", "ep") else
             "warm-up + cool-down hops" if axis == "pp" else "one per step")
