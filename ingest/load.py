@@ -4,6 +4,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import threading
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,45 @@ class LoadResult:
     status: str            # stored | unchanged | failed
     message: str = ""
     counts: dict | None = None
+
+
+# Seconds per stage of Kineto ingest, summed over files (and over the threads that parse files ahead, so with
+# several files the sum can pass the wall time), when a caller sets STAGES = {} (bench/bench_ingest.py):
+# read (hash the file, locate the event array, copy it out), parse (DuckDB's JSON reader into the event table),
+# build (the SQL that builds the stored tables) and write (the commit).
+STAGES: dict | None = None
+
+
+def stage(name: str, seconds: float) -> None:
+    if STAGES is not None:
+        STAGES[name] = STAGES.get(name, 0.0) + seconds
+
+
+class _Hasher:
+    """sha256 of a file on a thread of its own; digest() waits for it (None when the file does not exist)."""
+
+    def __init__(self, path: Path):
+        self._digest = None
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True)
+        self._thread.start()
+
+    def _run(self, path):
+        try:
+            self._digest = sha256_of(path) if path.exists() else None
+        except BaseException as e:  # re-raised by digest(), on the caller's thread
+            self._error = e
+
+    def digest(self) -> str | None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._digest
+
+
+def _stored_rank(con, job: str, digest: str):
+    row = con.execute("SELECT rank FROM traces WHERE job = ? AND sha256 = ?", [job, digest]).fetchone()
+    return None if row is None else row[0]
 
 
 def sha256_of(path: Path) -> str:
@@ -141,16 +182,20 @@ def prepare_kineto(con, path: Path, salvage: bool, slot: int) -> Prepared:
     path = Path(path)
     cur = con.cursor()
     try:
+        t = time.perf_counter()
         digest = sha256_of(path) if path.exists() else None
         try:
             km = sniff_kineto(path, salvage=salvage)
         except BaseException as e:
             return Prepared(digest, error=e)
+        stage("read", time.perf_counter() - t)
         table = f"{SCRATCH}.ev_{slot}"
         try:
+            t = time.perf_counter()
             cur.execute("SET enable_progress_bar = false")
             cur.execute(f"DROP TABLE IF EXISTS {table}")
             read_events(cur, km, path, table)
+            stage("parse", time.perf_counter() - t)
         except BaseException as e:
             km.cleanup()
             return Prepared(digest, error=e)
@@ -162,19 +207,42 @@ def prepare_kineto(con, path: Path, salvage: bool, slot: int) -> Prepared:
 def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: bool = False,
                 salvage: bool = False, prepared: Prepared | None = None) -> LoadResult:
     path = Path(path)
+    km = None
     if prepared is not None:
         digest = prepared.digest
     else:
-        digest = sha256_of(path) if path.exists() else None
+        # the file is hashed on another thread (hashlib releases the GIL) while its event array is located and
+        # copied out; a file already stored is still answered "unchanged" before any error of its own
+        t = time.perf_counter()
+        hashing = _Hasher(path)
+        try:
+            km = sniff_kineto(path, salvage=salvage)
+        except BaseException as e:
+            try:
+                digest = hashing.digest()
+            except BaseException:
+                digest = None
+            same = _stored_rank(con, job, digest) if digest is not None else None
+            if same is not None:
+                return LoadResult(str(path), job, same, "unchanged", "already stored (same sha256)")
+            raise e
+        try:
+            digest = hashing.digest()
+        except BaseException:
+            km.cleanup()
+            raise
+        stage("read", time.perf_counter() - t)
     if digest is not None:
-        same = con.execute("SELECT rank FROM traces WHERE job = ? AND sha256 = ?", [job, digest]).fetchone()
+        same = _stored_rank(con, job, digest)
         if same is not None:
             if prepared is not None:
                 _discard(con, prepared)
-            return LoadResult(str(path), job, same[0], "unchanged", "already stored (same sha256)")
+            if km is not None:
+                km.cleanup()
+            return LoadResult(str(path), job, same, "unchanged", "already stored (same sha256)")
     if prepared is not None and prepared.error is not None:
         raise prepared.error
-    km = prepared.km if prepared is not None else sniff_kineto(path, salvage=salvage)
+    km = prepared.km if prepared is not None else km
     table = prepared.table if prepared is not None else "_evr"
     try:
         meta = km.meta
@@ -193,13 +261,19 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         if prepared is None:
             ev_bytes = sum(Path(c[0]).stat().st_size for c in km.chunks)
             con.execute(f"SET memory_limit = '{max(384 << 20, int(ev_bytes * 1.1)) >> 20}MB'")
+            t = time.perf_counter()
             read_events(con, km, path)
+            stage("parse", time.perf_counter() - t)
         else:
             bind_events(con, table)
         con.execute("BEGIN TRANSACTION")
         try:
+            t = time.perf_counter()
             counts = _insert(con, path, job, rank, meta, km, digest)
+            t1 = time.perf_counter()
             con.execute("COMMIT")
+            stage("build", t1 - t)
+            stage("write", time.perf_counter() - t1)
         except BaseException:
             con.execute("ROLLBACK")
             raise
@@ -283,15 +357,21 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                {_arg_int('bytes')}, args
         FROM _x WHERE cat IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')""", [job, rank])
 
-    # host side: every other complete event. Depth on a thread = intervals open at its start.
+    # host side: every other complete event. Depth on a thread = intervals open at its start. The window runs
+    # over an integer number per (pid, tid) thread, not the two strings (the same partitions, sorted faster).
     con.execute(f"""INSERT INTO host_ops
         WITH h AS (
             SELECT * FROM _x WHERE cat NOT IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')
+        ), th AS (
+            SELECT pid, tid, row_number() OVER () AS th FROM (SELECT DISTINCT pid, tid FROM h)
+        ), hh AS (
+            SELECT h.ord, th.th, h.start_ns, h.end_ns FROM h
+            JOIN th ON h.pid IS NOT DISTINCT FROM th.pid AND h.tid IS NOT DISTINCT FROM th.tid
         ), pts AS (
-            SELECT ord, pid, tid, start_ns AS t, 1 AS d, end_ns AS e FROM h
-            UNION ALL SELECT NULL, pid, tid, end_ns, -1, end_ns FROM h
+            SELECT ord, th, start_ns AS t, 1 AS d, end_ns AS e FROM hh
+            UNION ALL SELECT NULL, th, end_ns, -1, end_ns FROM hh
         ), run AS (
-            SELECT ord, sum(d) OVER (PARTITION BY pid, tid ORDER BY t, d, e DESC
+            SELECT ord, sum(d) OVER (PARTITION BY th ORDER BY t, d, e DESC
                                      ROWS UNBOUNDED PRECEDING) - 1 AS depth FROM pts
         )
         SELECT ?, ?, h.pid, h.tid, h.cat, h.name, h.start_ns, h.end_ns,
