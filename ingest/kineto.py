@@ -25,6 +25,12 @@ import duckdb
 from ingest.common import repair_strings
 from store.errors import TraceFormatError
 
+try:  # ISA-L's inflate: the same gzip streams, about 3x faster than zlib's
+    from isal import igzip as _gzip
+    from isal.isal_zlib import error as _inflate_error
+except ImportError:  # pragma: no cover - isal is a dependency; zlib still reads every stream
+    _gzip, _inflate_error = gzip, zlib.error
+
 GZIP_MAGIC = b"\x1f\x8b"
 HEAD_BYTES = 8 << 20
 TAIL_BYTES = 8 << 20
@@ -85,7 +91,7 @@ def decompressed_cap(compressed: int) -> int:
 def _decompress(path: Path, dst: Path) -> None:
     cap = decompressed_cap(path.stat().st_size)
     try:
-        with gzip.open(path, "rb") as src, open(dst, "wb") as out:
+        with _gzip.open(path, "rb") as src, open(dst, "wb") as out:
             head = src.read(1 << 16)
             if head and not head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"[", b""):
                 raise TraceFormatError(path, None, "not JSON inside the gzip stream (does not start with '{')")
@@ -100,7 +106,7 @@ def _decompress(path: Path, dst: Path) -> None:
                     raise TraceFormatError(path, None, f"decompresses to more than {cap} bytes (a gzip bomb?); "
                                            "raise --max-decompressed-bytes if the trace is real")
                 out.write(buf)
-    except (OSError, EOFError, zlib.error) as e:
+    except (OSError, EOFError, zlib.error, _inflate_error) as e:
         raise TraceFormatError(path, None, f"corrupt gzip stream ({e})") from None
 
 

@@ -141,3 +141,33 @@ def test_stages_are_recorded_when_asked(db, tmp_path, monkeypatch):
     assert set(load.STAGES) == {"read", "parse", "build", "write"}
     monkeypatch.setattr(load, "STAGES", None)
     assert load_kineto(db, p, "m", rank=0).status == "stored"
+
+
+@pytest.mark.parametrize("inflate", ["isal", "zlib"])
+def test_gz_stores_what_the_plain_file_stores_and_bad_streams_fail_in_one_line(db, tmp_path, monkeypatch, inflate):
+    if inflate == "zlib":
+        monkeypatch.setattr(kineto, "_gzip", gzip)
+    p = _trace(tmp_path / "rank-0.json", n=300)
+    data = p.read_bytes()
+    g = tmp_path / "gz" / "rank-0.json.gz"
+    g.parent.mkdir()
+    g.write_bytes(gzip.compress(data, 1) + gzip.compress(b"", 1))   # two members, as cat a.gz b.gz makes
+    assert load_kineto(db, p, "a", rank=0).status == "stored"
+    assert load_kineto(db, g, "b", rank=0).status == "stored"
+    for t in ("gpu_ops", "host_ops", "steps", "flows", "collectives"):
+        rows = [db.execute(f"SELECT * EXCLUDE (job) FROM {t} WHERE job = ? ORDER BY ALL", [j]).fetchall()
+                for j in ("a", "b")]
+        assert rows[0] == rows[1], t
+    z = gzip.compress(data, 1)
+    flipped = bytearray(z)
+    flipped[len(z) // 2] ^= 0xFF
+    for i, bad in enumerate((z[:-40], z[:len(z) // 2], bytes(flipped), z + b"junk")):
+        f = tmp_path / f"bad{i}" / "rank-0.json.gz"
+        f.parent.mkdir()
+        f.write_bytes(bad)
+        try:
+            r = load_kineto(db, f, f"bad{i}", rank=0)
+        except TraceFormatError as e:
+            assert str(f) in str(e) and "\n" not in str(e)
+        else:
+            assert r.status == "stored"   # a flipped byte can land in a string: the stream still inflates
