@@ -10,6 +10,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
+
 from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
 from ingest.host_colls import insert_host_collectives
 from ingest.registry import loader_for
@@ -167,6 +169,7 @@ def _arg_int(key: str, col: str = "a") -> str:
 
 SCRATCH = "nf_scratch"          # an in-memory database where files are parsed ahead, in parallel
 PREFETCH_MAX_BYTES = 64 << 20   # larger files already parse on several cores by themselves
+RUN_CHECKPOINT_THRESHOLD = "1GiB"  # the WAL a run of several files may grow to between checkpoints
 
 
 @dataclass
@@ -515,6 +518,13 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
     small = [ld is None and f.exists() and f.stat().st_size <= PREFETCH_MAX_BYTES for (f, _), ld in zip(files, loaders)]
     futures: dict = {}
     pool = None
+    # Several files: DuckDB checkpoints after every commit whose WAL passes checkpoint_threshold (16 MiB), which
+    # for a rank file each time rewrites what the last one wrote; let the WAL grow over the run (every commit
+    # is still durable in it) and checkpoint once at the end.
+    threshold = None
+    if len(files) > 1:
+        threshold = con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+        con.execute(f"SET checkpoint_threshold = '{RUN_CHECKPOINT_THRESHOLD}'")
     if sum(small) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -549,4 +559,12 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
             for fut in futures.values():
                 _discard(con, fut.result())
             con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
+        if threshold is not None:
+            con.execute(f"SET checkpoint_threshold = '{threshold}'")
+            t = time.perf_counter()
+            try:
+                con.execute("CHECKPOINT")
+            except duckdb.Error:
+                pass    # another transaction is open: the WAL holds every commit, a later checkpoint folds it in
+            stage("write", time.perf_counter() - t)
     return results

@@ -171,3 +171,26 @@ def test_gz_stores_what_the_plain_file_stores_and_bad_streams_fail_in_one_line(d
             assert str(f) in str(e) and "\n" not in str(e)
         else:
             assert r.status == "stored"   # a flipped byte can land in a string: the stream still inflates
+
+
+def test_a_run_of_files_checkpoints_once_and_restores_the_threshold(tmp_path):
+    from store.connection import connect
+
+    d = tmp_path / "job"
+    d.mkdir()
+    for r in range(3):
+        q = _trace(d / f"rank-{r}.json", n=100 + r)
+        q.write_text(q.read_text().replace('"rank": 0', f'"rank": {r}').replace('"world_size": 1', '"world_size": 3'))
+    con = connect(tmp_path / "s.duckdb")
+    before = con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+    res = ingest_paths(con, [d], job="j")
+    assert [r.status for r in res] == ["stored"] * 3
+    assert con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0] == before
+    wal = tmp_path / "s.duckdb.wal"
+    assert not wal.exists() or wal.stat().st_size < 1 << 16     # folded into the database file
+    n = con.execute("SELECT count(*) FROM host_ops").fetchone()[0]
+    con.close()
+    con = connect(tmp_path / "s.duckdb")
+    assert con.execute("SELECT count(*) FROM host_ops").fetchone()[0] == n == sum(100 + r + 1 for r in range(3))
+    assert [r.status for r in ingest_paths(con, [d], job="j")] == ["unchanged"] * 3
+    con.close()
