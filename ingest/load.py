@@ -169,7 +169,8 @@ def _arg_int(key: str, col: str = "a") -> str:
 
 SCRATCH = "nf_scratch"          # an in-memory database where files are parsed ahead, in parallel
 PREFETCH_MAX_BYTES = 64 << 20   # larger files already parse on several cores by themselves
-RUN_CHECKPOINT_THRESHOLD = "1GiB"  # the WAL a run of several files may grow to between checkpoints
+RUN_CHECKPOINT_THRESHOLD = "256MiB"  # the WAL a run of several files may grow to between checkpoints (1 GiB: no
+# faster on 16 rank files of 42 MB, 120 MB more peak RSS)
 
 
 @dataclass
@@ -519,8 +520,8 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
     futures: dict = {}
     pool = None
     # Several files: DuckDB checkpoints after every commit whose WAL passes checkpoint_threshold (16 MiB), which
-    # for a rank file each time rewrites what the last one wrote; let the WAL grow over the run (every commit
-    # is still durable in it) and checkpoint once at the end.
+    # for a rank file each time rewrites what the last one wrote; let the WAL grow to RUN_CHECKPOINT_THRESHOLD
+    # over the run (every commit is still durable in it) and checkpoint at the end.
     threshold = None
     if len(files) > 1:
         threshold = con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
