@@ -92,14 +92,13 @@ def _decide_offsets(est, resid, n_m, hosts, ranks_a):
 
 
 def _store_matches(con, job, cols):
+    """collective_matches rows; pg_name and coll come as Arrow string arrays (NULL = none), never as objects."""
     import pyarrow as pa
 
     seq, ordn = cols["seq"], cols["ord"]
     t = dict(cols)
     t["seq"] = pa.array(seq, mask=seq < 0)
     t["ord"] = pa.array(ordn, mask=ordn < 0)
-    t["pg_name"] = pa.array([x or None for x in cols["pg_name"]], pa.string())
-    t["coll"] = pa.array([x or None for x in cols["coll"]], pa.string())
     con.register("_cm", pa.table(t))
     con.execute("INSERT INTO collective_matches SELECT ?, * FROM _cm", [job])
     con.unregister("_cm")
@@ -118,13 +117,13 @@ def align(con, job, ranks, host_codes=None):
     # rank within (process group, collective type) — also for comm kernels no collective row describes (traces
     # without record_param_comms), typed by their kernel name. Send/recv is never paired by order: a stage's
     # n-th transfer is not its neighbours' n-th.
-    by_seq = con.execute(f"""
+    by_seq = con.sql(f"""
         SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, lower(coll) IN {P2P_COLLS} AS p2p,
                dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid,
-               pg_name, coalesce(lower(coll), '') AS coll, seq, -1::BIGINT AS ord
+               nullif(pg_name, '') AS pg_name, nullif(lower(coll), '') AS coll, seq, -1::BIGINT AS ord
         FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
-                         [job]).fetchnumpy()
-    by_order = con.execute(f"""
+                     params=[job]).to_arrow_table()
+    by_order = con.sql(f"""
         WITH u AS (
             SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, pg_name, lower(coll) AS coll, false AS p2p
             FROM collectives WHERE job = ? AND source = 'kernel' AND (seq IS NULL OR pg_name IS NULL)
@@ -140,12 +139,19 @@ def align(con, job, ranks, host_codes=None):
                 AS ord FROM u
         )
         SELECT rank, start_ns, end_ns, gsz, p2p, dense_rank() OVER (ORDER BY coalesce(pg_name, ''), coll, ord) - 1 AS gid,
-               coalesce(pg_name, '') AS pg_name, coalesce(coll, '') AS coll, -1::BIGINT AS seq, ord
-        FROM o""", [job, job]).fetchnumpy()
-    g0 = int(np.max(by_seq["gid"])) + 1 if len(by_seq["gid"]) else 0
-    c = {k: np.concatenate([np.asarray(by_seq[k]), np.asarray(by_order[k]) + g0 if k == "gid"
-                            else np.asarray(by_order[k])])
-         for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid", "pg_name", "coll", "seq", "ord")}
+               nullif(pg_name, '') AS pg_name, nullif(coll, '') AS coll, -1::BIGINT AS seq, ord
+        FROM o""", params=[job, job]).to_arrow_table()
+    import pyarrow as pa
+
+    def col(t, k):  # a NULL reads as 0 / false
+        a = t.column(k)
+        return (a.fill_null(False if pa.types.is_boolean(a.type) else 0) if a.null_count else a).to_numpy()
+
+    g0 = int(np.max(col(by_seq, "gid"))) + 1 if by_seq.num_rows else 0
+    c = {k: np.concatenate([col(by_seq, k), col(by_order, k) + g0 if k == "gid" else col(by_order, k)])
+         for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid", "seq", "ord")}
+    strs = {k: pa.concat_arrays([a for t in (by_seq, by_order) for a in t.column(k).cast(pa.string()).chunks] or
+                                [pa.array([], pa.string())]) for k in ("pg_name", "coll")}
     ranks_a = _i64(ranks)
     R = ranks_a.size
     off = np.zeros(R, dtype=np.int64)
@@ -205,8 +211,8 @@ def align(con, job, ranks, host_codes=None):
         mind = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(mind, gid, np.where(acc, dur, np.iinfo(np.int64).max))
         _store_matches(con, job, {
-            "rank": ranks_a[ri].astype(np.int32), "gid": gid, "pg_name": np.asarray(c["pg_name"], dtype=object),
-            "coll": np.asarray(c["coll"], dtype=object), "seq": _i64(c["seq"]), "ord": _i64(c["ord"]),
+            "rank": ranks_a[ri].astype(np.int32), "gid": gid, "pg_name": strs["pg_name"],
+            "coll": strs["coll"], "seq": _i64(c["seq"]), "ord": _i64(c["ord"]),
             "start_ns": s, "end_ns": e, "arrival_ns": s - off[ri], "last_arrival_ns": last[gid] + t0,
             "n_members": present[gid].astype(np.int32), "p2p": p2p, "matched": acc,
             "min_member_ns": np.where(acc, mind[gid], dur)})
