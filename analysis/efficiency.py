@@ -43,6 +43,14 @@ DDL = """job VARCHAR, rank INTEGER, kernel VARCHAR, kclass VARCHAR, calls BIGINT
 COLUMNS = ("job", "rank", "kernel", "kclass", "calls", "time_ns", "work", "achieved", "peak", "unit", "efficiency",
            "lost_ns", "algbw", "wait_ns", "device", "basis", "note")
 FLOPS, BYTES, BUSBW = "FLOP/s", "B/s", "B/s busbw"
+RATE_SCALE = {FLOPS: (1e12, "TFLOP/s"), BYTES: (1e9, "GB/s"), BUSBW: (1e9, "GB/s bus")}
+
+
+def human(value, unit) -> str:
+    """A rate in its unit's display scale (RATE_SCALE: TFLOP/s, GB/s), one decimal; '-' when unknown."""
+    if value is None or unit is None:
+        return "-"
+    return f"{value / RATE_SCALE[unit][0]:.1f}"
 
 
 class EfficiencyError(ValueError):

@@ -16,12 +16,13 @@ from bokeh.layouts import column
 from dashboards import data_store, queries
 from dashboards.style import CSS, esc, fmt_bytes, html_table, note
 from dashboards.uploads import ChunkWriter, UploadStore, Writer
-from dashboards.views import compare, jobs, memory, moe, overview, pipeline, stragglers, timeline, whatif
+from dashboards.views import compare, efficiency, jobs, memory, moe, overview, pipeline, stragglers, timeline, whatif
 from store.errors import NinefoldError
 
 TABS = [("jobs", "Jobs"), ("overview", "Overview"), ("timeline", "Timeline"), ("whatif", "What if"),
         ("stragglers", "Stragglers"),
-        ("moe", "MoE"), ("pipeline", "Pipeline"), ("memory", "Memory"), ("compare", "Compare"), ("upload", "Upload")]
+        ("moe", "MoE"), ("pipeline", "Pipeline"), ("memory", "Memory"), ("efficiency", "Efficiency"),
+        ("compare", "Compare"), ("upload", "Upload")]
 CHUNK_BYTES = 4 << 20
 
 
@@ -144,7 +145,7 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
         # one job's views: (module, whether its load takes the selected step)
         JOB_VIEWS = {"overview": (overview, False), "timeline": (timeline, True), "stragglers": (stragglers, False),
                      "moe": (moe, False), "pipeline": (pipeline, True), "memory": (memory, False),
-                     "whatif": (whatif, True)}
+                     "whatif": (whatif, True), "efficiency": (efficiency, False)}
 
         def render(key):
             j = job.value
@@ -165,7 +166,9 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
                 elif key == "compare":
                     b = job_b.value
                     if not b:
-                        contents[key].objects = [pn.pane.HTML(note("pick a second job to compare with"))]
+                        contents[key].objects = [pn.pane.HTML(note(
+                            "pick a second job in 'compare with': what changed from this job to that one, beyond "
+                            "the step-to-step noise (two nights of a job: ingest each night as its own job)"))]
                         return
                     models = compare.render(q(compare.load, j, b))
                 else:

@@ -230,6 +230,20 @@ def ledger_compare(con, job: str, config_sha: str | None = None) -> pl.DataFrame
     return df if df.height else _empty(schema)
 
 
+def predicted_terms(con, job: str, config_sha: str | None = None) -> dict[str, list[dict]]:
+    """Per ledger, the terms its prediction is made of (term, value, unit, source) in their order; {} when none
+    are stored (no prediction, or one stored before the terms were)."""
+    cfg = config_sha or prediction_config(con, job)
+    if cfg is None or not has_table(con, "predicted_terms"):
+        return {}
+    out: dict = {}
+    for led, term, value, unit, source in con.execute(
+            "SELECT ledger, term, value, unit, source FROM predicted_terms WHERE job = ? AND config_sha = ? "
+            "ORDER BY ledger, seq", [job, cfg]).fetchall():
+        out.setdefault(led, []).append({"term": term, "value": value, "unit": unit, "source": source})
+    return out
+
+
 def predicted_overview(con, job: str, config_sha: str | None = None) -> pl.DataFrame:
     """Per rank: predicted step ns (sum over ledgers, mean over steps); empty when no prediction."""
     cfg = config_sha or prediction_config(con, job)
@@ -527,22 +541,3 @@ def memory(con, job: str) -> dict:
             break
     return out
 
-
-# ---------------------------------------------------------------- compare
-def compare_jobs(con, a: str, b: str) -> pl.DataFrame:
-    """Per ledger: mean ns per rank-step in job A and in job B, delta (B − A) and its share of A's step."""
-    schema = {"ledger": pl.Utf8, "a_ns": pl.Float64, "b_ns": pl.Float64, "delta_ns": pl.Float64,
-              "delta_pct_of_step": pl.Float64}
-    if not has_table(con, "ledger_totals"):
-        return _empty(schema)
-    df = _pl(con, f"""
-        WITH m AS (SELECT job, ledger, sum(ns) / count(DISTINCT (rank, step))::DOUBLE AS ns
-                   FROM ledger_totals WHERE job IN (?, ?) GROUP BY job, ledger),
-        l AS (SELECT unnest(?::VARCHAR[]) AS ledger),
-        w AS (SELECT sum(ns) AS step FROM m WHERE job = ?)
-        SELECT l.ledger, coalesce(a.ns, 0) AS a_ns, coalesce(b.ns, 0) AS b_ns,
-               coalesce(b.ns, 0) - coalesce(a.ns, 0) AS delta_ns,
-               (coalesce(b.ns, 0) - coalesce(a.ns, 0)) / nullif((SELECT step FROM w), 0) * 100 AS delta_pct_of_step
-        FROM l LEFT JOIN m a ON a.ledger = l.ledger AND a.job = ? LEFT JOIN m b ON b.ledger = l.ledger AND b.job = ?
-        ORDER BY {_LEDGER_ORDER.replace('ledger', 'l.ledger', 1)}""", [a, b, list(LEDGERS), a, a, b])
-    return df

@@ -23,7 +23,7 @@ def register(cli) -> None:
         """Per rank and kernel: calls, time, the work the trace's shapes give (FLOPs, bytes, bus bytes), achieved
         rate against the preset's peak, and the time lost to the gap (actual - ideal at peak), largest first.
         Kernels whose work the trace does not give say why."""
-        from analysis.efficiency import EfficiencyError, device_line, kernel_efficiency
+        from analysis.efficiency import EfficiencyError, device_line, human, kernel_efficiency, RATE_SCALE
         from store.connection import connect
 
         if top < 0:
@@ -55,7 +55,7 @@ def register(cli) -> None:
                    f"{'peak':>8s} {'unit':9s} {'eff':>6s} {'lost ms':>9s}  basis / note")
         for r in [r for r in rows if r["work"] is not None][:top]:
             name = r["kernel"] if len(r["kernel"]) <= 48 else r["kernel"][:45] + "..."
-            unit = _SCALE[r["unit"]][1]
+            unit = RATE_SCALE[r["unit"]][1]
             tail = r["basis"] + (f"; {r['note']}" if r["note"] else "")
             if r["wait_ns"]:
                 tail += f"; {r['wait_ns'] / 1e6:.3f} ms of it waiting for the group's last member"
@@ -71,16 +71,6 @@ def register(cli) -> None:
                 click.echo(f"  {ns / 1e6:9.3f} {calls:7d}  {why}")
             if len(missing) > max(top, 1):
                 click.echo(f"  ... and {len(missing) - max(top, 1)} more reasons (--format json for every row)")
-
-
-_SCALE = {"FLOP/s": (1e12, "TFLOP/s"), "B/s": (1e9, "GB/s"), "B/s busbw": (1e9, "GB/s bus")}
-
-
-def human(value, unit) -> str:
-    """A rate in the unit's display scale (TFLOP/s, GB/s)."""
-    if value is None or unit is None:
-        return "-"
-    return f"{value / _SCALE[unit][0]:.1f}"
 
 
 def _missing(rows: list[dict]) -> list[tuple[str, int, int]]:

@@ -343,6 +343,17 @@ TABLES: dict[str, str] = {
         item VARCHAR NOT NULL,            -- params | grads | optimizer | activations | pipeline_buffers
         bytes DOUBLE NOT NULL
     """,
+    # the terms each predicted ledger is made of (analysis.cost_model.explain), for the dashboards' residuals
+    "predicted_terms": """
+        job VARCHAR NOT NULL,
+        config_sha VARCHAR NOT NULL,
+        ledger VARCHAR NOT NULL,
+        seq INTEGER NOT NULL,             -- the term's place in the ledger's explanation
+        term VARCHAR NOT NULL,
+        value DOUBLE NOT NULL,
+        unit VARCHAR NOT NULL,
+        source VARCHAR NOT NULL
+    """,
 }
 
 # Tables whose rows belong to one (job, rank) trace; replaced together.

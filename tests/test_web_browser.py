@@ -77,8 +77,20 @@ def _hex(c: str) -> tuple:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
+    from analysis.attribution import attribute_job
+    from ingest.load import ingest_paths
+    from sample_traces.generate import generate
+    from store.connection import connect
+
     d = tmp_path_factory.mktemp("web")
     build_demo_store(d / "web.duckdb", d, jobs=("moe4",))
+    # a planted pair for the Compare tab: the same seeded job, every GEMM 10 % slower in the second
+    con = connect(d / "web.duckdb")
+    for job, scale in (("base", 1.0), ("slow_gemm", 1.1)):
+        generate(d / job, ranks=2, steps=12, seed=0, gemm_scale=scale)
+        ingest_paths(con, sorted((d / job).glob("rank-*.json")), job=job)
+        attribute_job(con, job)
+    con.close()
     return d / "web.duckdb"
 
 
@@ -175,6 +187,9 @@ def test_static_report_renders_offline(browser, tmp_path):
         rows[cells[0]] = cells
     assert set(rows) == set(LEDGERS)
     assert all(c[2] not in ("", "–") for c in rows.values()), rows
+    # each residual opens onto the terms of its prediction
+    page.get_by_text("compute: measured").first.click()
+    page.get_by_text("training FLOPs per token").first.wait_for(state="visible", timeout=5_000)
     # what if: the removals ranked by saving (the planted straggler among them), the cost model's step beside
     wi = page.locator("table.nf-whatif").first
     wi.wait_for(timeout=5_000)
@@ -207,6 +222,45 @@ def test_whatif_tab_and_the_critical_path_on_the_timeline(server, browser):
     tl.locator("canvas").first.wait_for(state="visible", timeout=20_000)
     page.wait_for_timeout(500)
     assert (0, 0, 0) in _colours(tl.screenshot())  # the path is drawn
+    assert errors == []
+    page.close()
+
+
+def test_compare_tab_flags_the_slower_gemms_and_efficiency_tab_ranks_lost_time(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server)
+    page.locator("select").first.select_option("base")
+    page.get_by_text("Compare", exact=True).click()
+    area = page.locator(".nf-tab-compare").first
+    area.get_by_text("pick a second job").wait_for(timeout=30_000)
+    page.locator("select").nth(2).select_option("slow_gemm")
+    area.get_by_text("Compare: base → slow_gemm").wait_for(timeout=60_000)
+    table = area.locator("table.nf-diff-ledgers").first
+    table.wait_for(timeout=10_000)
+    sig = {}
+    for tr in table.locator("tbody tr").all():
+        cells = [c.inner_text() for c in tr.locator("td").all()]
+        sig[cells[0]] = cells[-1]
+    assert sig["compute"] == "yes" and sig["step"] == "yes"
+    assert {k for k, v in sig.items() if v == "yes"} == {"compute", "step"}   # nothing else moved beyond noise
+    moved = area.locator("table.nf-diff-significant").first.inner_text()
+    assert "kclass" in moved and "gemm" in moved
+    area.locator("canvas").first.wait_for(state="visible", timeout=20_000)
+    page.wait_for_timeout(500)
+    assert _hex(LEDGER_COLORS["compute"]) in _colours(area.screenshot())  # compute's delta bar, solid
+    # the efficiency of the same job: kernels ranked by the time lost against the H100's peak
+    page.get_by_text("Efficiency", exact=True).click()
+    eff = page.locator(".nf-tab-efficiency").first
+    eff.get_by_text("Efficiency: base").wait_for(timeout=60_000)
+    rows = eff.locator("table.nf-efficiency tbody tr").all()
+    assert rows
+    lost = [r.locator("td").nth(1).inner_text() for r in rows]
+    assert "allreduce" in lost
+    eff.locator("table.nf-efficiency-missing").first.wait_for(timeout=5_000)   # GEMMs without shapes: said
+    assert "no Input Dims" in eff.locator("table.nf-efficiency-missing").first.inner_text()
+    eff.locator("canvas").first.wait_for(state="visible", timeout=20_000)
     assert errors == []
     page.close()
 

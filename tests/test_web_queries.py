@@ -111,6 +111,21 @@ def test_demo_dp4_opens_on_measured_vs_predicted(ro):
     assert cmp["predicted_ns"].null_count() == 0 and cmp["predicted_ns"].sum() > 0
     html = texts(overview_view.render(overview_view.load(ro, "dp4")))
     assert queries.NO_PREDICTION not in html and "prediction config" in html
+    # each residual leads to the terms of its prediction: the same terms `compare --explain` lists
+    from analysis.cost_model.explain import terms
+    from analysis.cost_model.predict import predict_file
+    from sample_traces.demo_store import SAMPLES
+
+    want: dict = {}
+    for t in terms(predict_file(SAMPLES / "configs" / "dp4.toml", ro, "dp4")):
+        want.setdefault(t.ledger, []).append((t.term, t.value, t.unit, t.source))
+    got = {led: [(t["term"], t["value"], t["unit"], t["source"]) for t in ts]
+           for led, ts in queries.predicted_terms(ro, "dp4").items()}
+    assert got == want and "compute" in got and "exposed_comm" in got
+    for led in got:
+        assert f"<details class='nf-terms' data-ledger='{led}'>" in html
+    assert "training FLOPs per token" in html and "residual" in html
+    assert queries.predicted_terms(ro, "moe4") == {}                    # no prediction stored: nothing to open
 
 
 def test_stragglers_point_at_the_planted_rank(ro, demo):
@@ -194,13 +209,58 @@ def test_memory_missing_then_present(ro, rw_copy):
     assert any(getattr(x, "name", None) == memory_view.PLOT_NAME for x in models)
 
 
-def test_compare_jobs_deltas(ro):
-    c = queries.compare_jobs(ro, "dp4", "pp4_1f1b")
-    assert c["ledger"].to_list() == list(LEDGERS)
-    a = queries.ledger_compare(ro, "dp4")
-    b = queries.ledger_compare(ro, "pp4_1f1b")
-    np.testing.assert_allclose(c["delta_ns"].to_numpy(), b["measured_ns"].to_numpy() - a["measured_ns"].to_numpy())
-    assert c.filter(pl.col("ledger") == "bubble")["delta_ns"][0] > 0
+def test_compare_view_is_the_significance_diff(ro):
+    from bokeh.models import Whisker
+
+    from analysis.diff import diff_jobs
+    from dashboards.views import compare as compare_view
+
+    d = compare_view.load(ro, "dp4", "pp4_1f1b")
+    want = {(r["level"], r["key"]): r for r in diff_jobs(ro, "dp4", "pp4_1f1b")}
+    assert {(r["level"], r["key"]) for r in d["rows"]} == set(want)
+    led = [r["key"] for r in d["rows"] if r["level"] == "ledger"]
+    assert led == ["step", *LEDGERS]                                   # the step first, then the ledgers in order
+    bubble = want[("ledger", "bubble")]
+    assert bubble["delta_ns"] > 0 and bubble["significant"]           # the pipeline job's bubble
+    models = compare_view.render(d)
+    fig = next(m for m in models if getattr(m, "name", None) == compare_view.PLOT_NAME)
+    assert any(isinstance(x, Whisker) for x in fig.center)             # each delta drawn with its interval
+    src = fig.renderers[0].data_source.data
+    assert src["ledger"] == list(LEDGERS)
+    i = list(LEDGERS).index("bubble")
+    assert src["alpha"][i] == 1.0 and src["delta"][i] == pytest.approx(bubble["delta_ns"] / 1e6)
+    text = texts(models)
+    assert "nf-diff-ledgers" in text and "significant change" in text
+    # a job compared with itself: nothing beyond the noise, every delta zero
+    same = compare_view.load(ro, "dp4", "dp4")
+    assert not any(r["significant"] for r in same["rows"]) and all(r["delta_ns"] == 0 for r in same["rows"])
+    assert "nothing beyond the step-to-step noise" in texts(compare_view.render(same))
+
+
+def test_efficiency_view_adds_up_to_the_job(ro, rw_copy):
+    from analysis.efficiency import compute_efficiency, store_efficiency
+    from dashboards.views import efficiency as eff_view
+
+    rows, _ = compute_efficiency(ro, "dp4")
+    d = eff_view.load(ro, "dp4")
+    assert d["source"].startswith("computed")
+    gpu = ro.execute("SELECT sum(end_ns - start_ns) FROM gpu_ops WHERE job = 'dp4' "
+                     "AND kind IN ('kernel', 'memcpy', 'memset')").fetchone()[0]
+    assert d["total_ns"] == gpu                                        # every GPU op, once
+    ks = d["kernels"]
+    assert ks and d["lost_ns"] == sum(r["lost_ns"] for r in rows if r["lost_ns"] is not None)
+    assert [k["lost_ns"] for k in ks] == sorted((k["lost_ns"] for k in ks), reverse=True)
+    assert all(0 < k["efficiency"] <= 1 for k in ks)
+    assert d["known_ns"] + sum(ns for _, _, ns in d["missing"]) == d["total_ns"]
+    models = eff_view.render(d)
+    fig = next(m for m in models if getattr(m, "name", None) == eff_view.PLOT_NAME)
+    top = ks[:eff_view.TOP]
+    assert fig.renderers[1].data_source.data["lost"][::-1] == [k["lost_ns"] / 1e6 for k in top]
+    assert "nf-efficiency" in texts(models)
+    # stored rows (ninefold efficiency) are read, not recomputed, and give the same view
+    store_efficiency(rw_copy, "dp4", rows)
+    d2 = eff_view.load(rw_copy, "dp4")
+    assert d2["source"].startswith("stored") and d2["kernels"] == ks
 
 
 def test_timeline_bars_cover_each_rank_window(ro):
@@ -265,7 +325,12 @@ def test_queries_cope_with_a_store_that_was_never_attributed(tmp_path):
     assert queries.straggler_matrix(con, "j").height == 0
     assert queries.moe(con, "j")["slowest"] is None
     assert queries.pipeline(con, "j")["p"] == 0
-    assert queries.compare_jobs(con, "j", "k").height == 0
+    from dashboards.views import compare as compare_view
+    from dashboards.views import efficiency as eff_view
+
+    assert compare_view.load(con, "j", "k")["error"] == "no job 'j' in the store"
+    assert "no job &#x27;j&#x27; in the store" in texts(compare_view.render(compare_view.load(con, "j", "k")))
+    assert eff_view.render(eff_view.load(con, "j"))
     con.close()
 
 

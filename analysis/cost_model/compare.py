@@ -1,4 +1,5 @@
-"""Store a prediction (predicted_ledgers, predicted_memory) and set it beside the measured ledgers."""
+"""Store a prediction (predicted_ledgers, predicted_parts, predicted_memory, predicted_terms) and set it beside
+the measured ledgers."""
 from __future__ import annotations
 
 from analysis.ledgers import LEDGERS
@@ -6,7 +7,7 @@ from store.schema import TABLES
 
 from .memory import MEMORY_ITEMS
 
-TABLE_NAMES = ("predicted_ledgers", "predicted_parts", "predicted_memory")
+TABLE_NAMES = ("predicted_ledgers", "predicted_parts", "predicted_memory", "predicted_terms")
 
 
 def ensure_tables(con) -> None:
@@ -32,7 +33,10 @@ def store(con, job: str, pred) -> int:
     prediction is per step and the same for every step) in predicted_ledgers: what the trace can contain, the
     part compared. predicted_parts holds the same rows with in_trace true and what calibrated them, and for a
     ledger that also holds a component the trace cannot contain, a row with that part, in_trace false and
-    the reason: a ledger's parts sum to the whole prediction. Returns the predicted_ledgers row count."""
+    the reason: a ledger's parts sum to the whole prediction. predicted_terms: each ledger's terms with their
+    values and sources (explain.terms), so a residual shown anywhere leads to its inputs. Returns the
+    predicted_ledgers row count."""
+    from .explain import terms
     ensure_tables(con)
     steps = {}
     if measured(con, job):
@@ -50,14 +54,22 @@ def store(con, job: str, pred) -> int:
                 if ns != cmp[led]:
                     parts.append((job, r, st, led, int(ns - cmp[led]), pred.cfg.sha, False, why, src))
     mem = [(job, r, item, float(d[item])) for r, d in pred.memory.items() for item in MEMORY_ITEMS]
+    seq: dict = {}
+    tms = []
+    for t in terms(pred):
+        seq[t.ledger] = seq.get(t.ledger, -1) + 1
+        tms.append((job, pred.cfg.sha, t.ledger, seq[t.ledger], t.term, t.value, t.unit, t.source))
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM predicted_ledgers WHERE job = ?", [job])
         con.execute("DELETE FROM predicted_parts WHERE job = ?", [job])
         con.execute("DELETE FROM predicted_memory WHERE job = ?", [job])
+        con.execute("DELETE FROM predicted_terms WHERE job = ?", [job])
         con.executemany("INSERT INTO predicted_ledgers VALUES (?, ?, ?, ?, ?, ?)", rows)
         con.executemany("INSERT INTO predicted_parts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", parts)
         con.executemany("INSERT INTO predicted_memory VALUES (?, ?, ?, ?)", mem)
+        if tms:
+            con.executemany("INSERT INTO predicted_terms VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tms)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

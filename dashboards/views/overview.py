@@ -8,7 +8,7 @@ from bokeh.transform import dodge
 
 from analysis.ledgers import LEDGERS
 from dashboards import queries
-from dashboards.style import LEDGER_COLORS, PALETTE, PREDICTED_COLOR, fmt_ns, html_table, note
+from dashboards.style import LEDGER_COLORS, PALETTE, PREDICTED_COLOR, esc, fmt_ns, html_table, note
 from dashboards.views._common import div
 
 PLOT_NAME = "overview_ledgers"
@@ -17,7 +17,8 @@ PLOT_NAME = "overview_ledgers"
 def load(con, job: str) -> dict:
     return {"job": job, "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
             "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job),
-            "breakdown": queries.ledger_breakdown(con, job), "overlap": queries.comm_overlap(con, job)}
+            "breakdown": queries.ledger_breakdown(con, job), "overlap": queries.comm_overlap(con, job),
+            "terms": queries.predicted_terms(con, job)}
 
 
 def ledger_figure(ranks, height: int = 360):
@@ -81,8 +82,29 @@ def compare_html(data) -> str:
     if not has_pred:
         out = note(queries.NO_PREDICTION) + out
     else:
-        out = note(f"prediction config {data['config_sha']}") + out
+        out = note(f"prediction config {data['config_sha']}") + out + terms_html(cmp, data.get("terms") or {})
     return out
+
+
+def terms_html(cmp, terms: dict) -> str:
+    """Each ledger's residual leading to the terms of its prediction (value, source), one <details> a ledger."""
+    if not terms:
+        return ""
+    parts = ["<h3 class='nf'>Where each prediction comes from</h3>",
+             note("open a ledger to see the terms its prediction is made of, with their values and sources "
+                  "(ninefold compare --explain prints the same)")]
+    for r in cmp.iter_rows(named=True):
+        ts = terms.get(r["ledger"])
+        if not ts:
+            continue
+        res = "–" if r["residual_pct"] is None else f"{r['residual_pct']:+.1f} %"
+        rows = [[t["term"], f"{t['value']:.6g}", t["unit"], t["source"]] for t in ts]
+        parts.append(f"<details class='nf-terms' data-ledger='{esc(r['ledger'])}'><summary>{esc(r['ledger'])}: "
+                     f"measured {esc(fmt_ns(r['measured_ns']))}, predicted {esc(fmt_ns(r['predicted_ns']))}, "
+                     f"residual {esc(res)} — {len(ts)} terms</summary>"
+                     + html_table(["term", "value", "unit", "source"], rows, css_class="nf-table nf-terms-table")
+                     + "</details>")
+    return "".join(parts)
 
 
 def render(data):
