@@ -18,12 +18,13 @@ job's Parquet in one transaction (delete the job's rows, insert the new ones), s
 job twice or half a job. Superseded Parquet parts of a job are removed once its new rows are committed.
 
 History lives in the catalog too: ``batch_nights`` (label → order), ``batch_runs`` (one row per night and job),
-``batch_shares`` (ledger share per night, job and ledger) and ``batch_step_samples`` (each step's time per
-ledger, kernel class, collective and kernel, for the diff). Each job processed tonight is diffed against its
-previous successful night (service.batch_diff): a regression is a step or ledger significantly longer tonight
-(the bootstrap interval over the steps excludes zero, at ``confidence`` for the whole table), so step-to-step
-noise alone is none. The raw share moves (a non-compute ledger's share up by more than ``regression_points``)
-are still reported, as ``share_moves``; they no longer set the exit code.
+``batch_shares`` (ledger share per night, job and ledger), ``batch_step_samples`` (each step's time per
+ledger, kernel class, collective and kernel, for the diff) and ``batch_lost_kernels`` (each job's ten kernels
+by lost time, from analysis.efficiency in ``attribute_task``; summary.json's ``lost_time``). Each job processed
+tonight is diffed against its previous successful night (service.batch_diff): a regression is a step or ledger
+significantly longer tonight (the bootstrap interval over the steps excludes zero, at ``confidence`` for the
+whole table), so step-to-step noise alone is none. The raw share moves (a non-compute ledger's share up by more
+than ``regression_points``) are still reported, as ``share_moves``; they no longer set the exit code.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .batch_catalog import (_job_files, _night_seq, collect_garbage, committed_parts, ensure_batch_tables,
-                            load_jobs_into_catalog, record_failure, regressions_for)
+                            load_jobs_into_catalog, lost_kernels_of, record_failure, regressions_for)
 from .batch_diff import night_diffs, prune_step_samples, regression_line, regressions
 from .batch_index import write_index
 from .batch_jobs import BatchUsageError, JobLog, JobSpec, discover_jobs
@@ -193,6 +194,11 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
         shares = {j: {led: round(100 * s, 4) for led, s in con.execute(
             "SELECT ledger, share FROM batch_shares WHERE night = ? AND job = ?", [night, j]).fetchall()}
             for j in sorted(processed)}
+        lost = {}
+        for j in sorted(processed):
+            ln, rows, why = lost_kernels_of(con, j, night)
+            if ln == night:
+                lost[j] = {"rows": rows, "reason": why}
         code = EXIT_FAILED if failed else (EXIT_REGRESSION if regs else EXIT_OK)
         summary = {
             "night": night, "night_seq": seq, "root": str(Path(root).resolve()), "db": str(db),
@@ -208,6 +214,7 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
             "shares_pct": shares,
             "regressions": regs,
             "diffs": diffs,
+            "lost_time": lost,
             "share_moves": moves,
             "exit_code": code,
         }

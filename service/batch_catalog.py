@@ -21,10 +21,14 @@ BATCH_DDL = {
                      finished_at TIMESTAMP, PRIMARY KEY (night, job)""",
     "batch_shares": """night VARCHAR NOT NULL, job VARCHAR NOT NULL, ledger VARCHAR NOT NULL, share DOUBLE,
                        ns BIGINT, PRIMARY KEY (night, job, ledger)""",
+    # each job's top kernels by lost time per night (service.batch_tasks.lost_kernels); pos 0 (kernel NULL) holds
+    # the reason there are none, or what the rows leave out
+    "batch_lost_kernels": """night VARCHAR NOT NULL, job VARCHAR NOT NULL, pos INTEGER NOT NULL, kernel VARCHAR,
+                             kclass VARCHAR, calls BIGINT, time_ns BIGINT, lost_ns BIGINT, efficiency DOUBLE,
+                             unit VARCHAR, reason VARCHAR, PRIMARY KEY (night, job, pos)""",
     # the Parquet parts whose rows the catalog holds: the shared store is pruned to exactly these
     "batch_parts": """job VARCHAR NOT NULL, path VARCHAR NOT NULL, PRIMARY KEY (job, path)""",
 }
-
 
 
 def ensure_batch_tables(con) -> None:
@@ -85,12 +89,14 @@ def load_jobs_into_catalog(con, night: str, items: list) -> None:
                     "GROUP BY job", [jobs])
         con.execute("DELETE FROM batch_shares WHERE night = ? AND job IN ?", [night, jobs])
         con.execute("DELETE FROM batch_parts WHERE job IN ?", [jobs])
+        con.execute("DELETE FROM batch_lost_kernels WHERE night = ? AND job IN ?", [night, jobs])
         for spec, res, seconds in items:
             job = spec.name
             leds = sorted(res["shares"])
             con.execute("INSERT INTO batch_shares SELECT ?, ?, unnest(?), unnest(?), unnest(?)",
                         [night, job, leds, [res["shares"][x]["share"] for x in leds],
                          [res["shares"][x]["ns"] for x in leds]])
+            _store_lost(con, night, job, res.get("lost_time"))
             con.execute("INSERT INTO batch_parts SELECT ?, unnest(?)",
                         [job, sorted({f for fs in _job_files(res).values() for f in fs})])
             con.execute("INSERT OR REPLACE INTO batch_runs VALUES (?, ?, ?, 'ok', NULL, ?, ?, ?, ?, "
@@ -103,6 +109,36 @@ def load_jobs_into_catalog(con, night: str, items: list) -> None:
         raise
 
 
+def _store_lost(con, night: str, job: str, lost: dict | None) -> None:
+    if lost is None:     # a result from before the table existed: the index shows the last night that has it
+        return
+    rows = lost.get("rows") or []
+    if lost.get("reason") or not rows:
+        con.execute("INSERT INTO batch_lost_kernels (night, job, pos, reason) VALUES (?, ?, 0, ?)",
+                    [night, job, lost.get("reason") or "no kernel with a known lost time"])
+    if not rows:
+        return
+    con.executemany("INSERT INTO batch_lost_kernels VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                    [[night, job, i + 1, r["kernel"], r["kclass"], r["calls"], r["time_ns"], r["lost_ns"],
+                      r["efficiency"], r["unit"]] for i, r in enumerate(rows)])
+
+
+def lost_kernels_of(con, job: str, night: str) -> tuple[str | None, list[dict], str | None]:
+    """JOB's kernels by lost time on NIGHT or, when it has none then (unchanged, failed), on its latest earlier
+    night that has them: (that night or None, rows, the reason there are none or what they leave out)."""
+    got = con.execute("""SELECT l.night FROM batch_lost_kernels l JOIN batch_nights n USING (night)
+                         WHERE l.job = ? AND n.seq <= (SELECT seq FROM batch_nights WHERE night = ?)
+                         ORDER BY n.seq DESC LIMIT 1""", [job, night]).fetchone()
+    if not got:
+        return None, [], None
+    cur = con.execute("""SELECT kernel, kclass, calls, time_ns, lost_ns, efficiency, unit, reason
+                         FROM batch_lost_kernels WHERE job = ? AND night = ? ORDER BY pos""", [job, got[0]])
+    cols = [d[0] for d in cur.description]
+    rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+    reason = next((r["reason"] for r in rows if r["kernel"] is None), None)
+    return got[0], [{k: v for k, v in r.items() if k != "reason"} for r in rows if r["kernel"] is not None], reason
+
+
 def load_job_into_catalog(con, night: str, spec: JobSpec, res: dict, seconds: float) -> None:
     load_jobs_into_catalog(con, night, [(spec, res, seconds)])
 
@@ -111,6 +147,7 @@ def record_failure(con, night: str, spec: JobSpec, error: str, seconds: float = 
     con.execute("INSERT OR REPLACE INTO batch_runs VALUES (?, ?, ?, 'failed', ?, ?, NULL, NULL, ?, current_timestamp)",
                 [night, spec.name, spec.key if spec.error is None else None, error, len(spec.files), seconds])
     con.execute("DELETE FROM batch_shares WHERE night = ? AND job = ?", [night, spec.name])
+    con.execute("DELETE FROM batch_lost_kernels WHERE night = ? AND job = ?", [night, spec.name])
     drop_step_samples(con, night, spec.name)
 
 

@@ -1,76 +1,110 @@
-"""The nightly index page: each job's ledger shares across nights (table + sparklines) beside tonight's diff
-against its previous night (service.batch_diff), regressions first."""
+"""The nightly index page, rendered with Bokeh like the per-job reports (one self-contained HTML file, BokehJS
+inline, no network): the regressions first, then per job its status, links, ledger shares across nights (a line
+figure named ``trend-<job>`` and the table of shares per night), tonight's significant diff against its previous
+night (service.batch_diff) and its top kernels by lost time (``batch_lost_kernels``: the last night that has
+them, so an unchanged job still shows its rows)."""
 from __future__ import annotations
 
-import html
+import math
 from pathlib import Path
 
-from analysis.ledgers import LEDGERS
+from bokeh.embed import file_html
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, Legend
+from bokeh.plotting import figure
+from bokeh.resources import INLINE
 
+from analysis.ledgers import LEDGERS
+from dashboards.style import LEDGER_COLORS, esc, fmt_ns
+
+from .batch_catalog import lost_kernels_of
 from .batch_diff import diff_html
 from .batch_tasks import _atomic_write_text
 
 HISTORY_NIGHTS = 30
-
-
-def _sparkline(values: list[float | None], color: str, w: int = 90, h: int = 22) -> str:
-    pts = [(i, v) for i, v in enumerate(values) if v is not None]
-    if not pts:
-        return ""
-    top = max(max(v for _, v in pts), 1e-9)
-    n = max(len(values) - 1, 1)
-
-    def xy(i, v):
-        return f"{2 + i * (w - 4) / n:.1f},{h - 2 - v / top * (h - 4):.1f}"
-
-    poly = " ".join(xy(i, v) for i, v in pts)
-    last = xy(*pts[-1])
-    return (f'<svg class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img">'
-            f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{poly}"/>'
-            f'<circle cx="{last.split(",")[0]}" cy="{last.split(",")[1]}" r="2" fill="{color}"/></svg>')
-
+INDEX_ROOT = "ninefold_index"
 
 INDEX_CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; }
-table { border-collapse: collapse; margin: 6px 0 18px; }
+:host { font: 14px/1.45 system-ui, sans-serif; color: #222; }
+table { border-collapse: collapse; margin: 6px 0 18px; font: 13px/1.4 system-ui, sans-serif; }
 th, td { border: 1px solid #ddd; padding: 2px 7px; text-align: right; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 .bad { background: #fde2e1; } .failed { color: #b00020; } .muted { color: #777; }
 .tag { display: inline-block; padding: 0 6px; border-radius: 3px; font-size: 12px; margin-left: 6px; }
 .tag.reg { background: #d62728; color: #fff; } .tag.fail { background: #555; color: #fff; }
 .tag.ok { background: #2ca02c; color: #fff; } .tag.skip { background: #c7c7c7; }
-h2 { margin-bottom: 2px; } .spark { vertical-align: middle; }
+h1, h2 { font-family: system-ui, sans-serif; } h2 { margin-bottom: 2px; }
 .side { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; } .diff table { margin-top: 2px; }
+td.kernel { text-align: left; max-width: 46em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 """
 
 
-def write_index(con, reports: Path, night: str, summary: dict) -> Path:
-    """reports/index.html: each job's ledger shares across nights (table + sparklines), regressions first."""
-    from dashboards.style import LEDGER_COLORS
+def _div(text: str, **kw) -> Div:
+    # each Div renders in its own shadow root: the page's style goes with it
+    kw.setdefault("sizing_mode", "stretch_width")
+    return Div(text=f"<style>{INDEX_CSS}</style>{text}", **kw)
 
-    esc = html.escape
-    nights = [r[0] for r in con.execute("SELECT night FROM batch_nights ORDER BY seq DESC LIMIT ?",
-                                        [HISTORY_NIGHTS]).fetchall()][::-1]
-    runs = con.execute("""SELECT r.job, r.night, r.status, r.error FROM batch_runs r
-                          JOIN batch_nights n USING (night) ORDER BY r.job, n.seq""").fetchall()
-    shares = con.execute("SELECT job, night, ledger, share FROM batch_shares").fetchall()
-    sh: dict = {}
-    for j, n, led, s in shares:
-        sh.setdefault(j, {}).setdefault(n, {})[led] = s
-    status: dict = {}
-    for j, n, st, err in runs:
-        status.setdefault(j, {})[n] = (st, err)
-    regs: dict = {}
-    for r in summary["regressions"]:
-        regs.setdefault(r["job"], []).append(r)
-    this = {**{j: "processed" for j in summary["jobs"]["processed"]},
-            **{j["job"]: "skipped" for j in summary["jobs"]["skipped"]},
-            **{j["job"]: "failed" for j in summary["jobs"]["failed"]}}
-    jobs = sorted(set(status) | set(this), key=lambda j: (j not in regs, this.get(j) != "failed", j))
+
+def _trend(job: str, jn: list[str], sh: dict):
+    """JOB's ledger shares (%) across its nights JN: one line (and its points) per ledger."""
+    p = figure(name=f"trend-{job}", x_range=FactorRange(*jn), height=240, width=560, tools="",
+               toolbar_location=None, y_axis_label="share of the step window %", title=f"{job}: ledger shares")
+    items, lines = [], []
+    for led in LEDGERS:
+        pct = [(100 * v) if (v := sh.get(n, {}).get(led)) is not None else math.nan for n in jn]
+        src = ColumnDataSource({"night": list(jn), "pct": pct, "ledger": [led] * len(jn)})
+        ln = p.line("night", "pct", source=src, color=LEDGER_COLORS[led], line_width=2, name=f"trend-{job}-{led}")
+        pt = p.scatter("night", "pct", source=src, color=LEDGER_COLORS[led], size=5)
+        items.append((led, [ln, pt]))
+        lines.append(ln)
+    p.add_layout(Legend(items=items, label_text_font_size="11px", spacing=0, padding=4), "right")
+    p.add_tools(HoverTool(renderers=lines, tooltips=[("night", "@night"), ("ledger", "@ledger"),
+                                                     ("share", "@pct{0.00} %")]))
+    p.y_range.start = 0
+    return p
+
+
+def _share_table(j: str, jn: list[str], status: dict, sh: dict, night: str, bad_leds: set) -> str:
+    head = "".join(f"<th style='border-bottom:3px solid {LEDGER_COLORS[n]}'>{esc(n)} %</th>" for n in LEDGERS)
+    parts = [f"<table><tr><th>night</th><th>status</th>{head}</tr>"]
+    for n in jn:
+        st, _ = status[j][n]
+        shares = sh.get(j, {}).get(n, {})
+        cells = "".join(f"<td{' class=bad' if n == night and led in bad_leds else ''}>"
+                        f"{'' if led not in shares else f'{100 * shares[led]:.2f}'}</td>" for led in LEDGERS)
+        parts.append(f"<tr><td>{esc(n)}</td><td class='{'failed' if st != 'ok' else ''}'>{esc(st)}</td>"
+                     f"{cells}</tr>")
+    parts.append("</table>")
+    return "".join(parts)
+
+
+def lost_html(job: str, night: str, lost_night: str | None, rows: list[dict], reason: str | None) -> str:
+    """The index's table of JOB's kernels by lost time (time against the device's peak, summed over ranks)."""
+    if lost_night is None:
+        return ""
+    when = "" if lost_night == night else f" (night {esc(lost_night)}: the job is unchanged since)"
+    parts = [f"<div class='lost'><b>top kernels by lost time{when}</b>"
+             "<p class='muted'>lost = time − work / the device's peak, over all ranks; efficiency = ideal time / "
+             "time</p>"]
+    if rows:
+        parts.append("<table><tr><th>kernel</th><th>class</th><th>calls</th><th>time</th><th>lost</th>"
+                     "<th>efficiency</th><th>against</th></tr>")
+        for r in rows:
+            k = r["kernel"] if len(r["kernel"]) <= 80 else r["kernel"][:77] + "..."
+            eff = "–" if r["efficiency"] is None else f"{100 * r['efficiency']:.1f}%"
+            parts.append(f"<tr><td class='kernel' title='{esc(r['kernel'])}'>{esc(k)}</td><td>{esc(r['kclass'])}"
+                         f"</td><td>{r['calls']}</td><td>{esc(fmt_ns(r['time_ns']))}</td>"
+                         f"<td>{esc(fmt_ns(r['lost_ns']))}</td><td>{eff}</td><td>{esc(r['unit'] or '')}</td></tr>")
+        parts.append("</table>")
+    if reason:
+        parts.append(f"<p class='muted'>{esc(reason)}</p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _header(night: str, summary: dict) -> str:
     c = summary["counts"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ninefold batch {esc(night)}</title>"
-             f"<style>{INDEX_CSS}</style></head><body>",
-             f"<h1>ninefold nightly batch: {esc(night)}</h1>",
+    parts = [f"<h1>ninefold nightly batch: {esc(night)}</h1>",
              f"<p>{c['processed']} processed, {c['skipped']} unchanged, {c['failed']} failed, "
              f"{len(summary['regressions'])} regressions (the step or a ledger significantly longer per step than "
              f"on the job's previous run: the bootstrap interval over the steps excludes zero at "
@@ -85,6 +119,29 @@ def write_index(con, reports: Path, night: str, summary: dict) -> Path:
                          f"<td>{r['delta_ns'] / 1e6:+.3f}</td><td>{100 * r['delta_share']:+.2f}%</td>"
                          f"<td>[{r['ci_low_ns'] / 1e6:+.3f}, {r['ci_high_ns'] / 1e6:+.3f}]</td></tr>")
         parts.append("</table>")
+    return "".join(parts)
+
+
+def render_index(con, reports: Path, night: str, summary: dict):
+    """The index's Bokeh layout (one column, named INDEX_ROOT)."""
+    nights = [r[0] for r in con.execute("SELECT night FROM batch_nights ORDER BY seq DESC LIMIT ?",
+                                        [HISTORY_NIGHTS]).fetchall()][::-1]
+    runs = con.execute("""SELECT r.job, r.night, r.status, r.error FROM batch_runs r
+                          JOIN batch_nights n USING (night) ORDER BY r.job, n.seq""").fetchall()
+    sh: dict = {}
+    for j, n, led, s in con.execute("SELECT job, night, ledger, share FROM batch_shares").fetchall():
+        sh.setdefault(j, {}).setdefault(n, {})[led] = s
+    status: dict = {}
+    for j, n, st, err in runs:
+        status.setdefault(j, {})[n] = (st, err)
+    regs: dict = {}
+    for r in summary["regressions"]:
+        regs.setdefault(r["job"], []).append(r)
+    this = {**{j: "processed" for j in summary["jobs"]["processed"]},
+            **{j["job"]: "skipped" for j in summary["jobs"]["skipped"]},
+            **{j["job"]: "failed" for j in summary["jobs"]["failed"]}}
+    jobs = sorted(set(status) | set(this), key=lambda j: (j not in regs, this.get(j) != "failed", j))
+    models = [_div(_header(night, summary))]
     for j in jobs:
         tag = {"processed": "<span class='tag ok'>processed</span>", "skipped": "<span class='tag skip'>unchanged"
                "</span>", "failed": "<span class='tag fail'>failed</span>"}.get(this.get(j), "")
@@ -94,31 +151,29 @@ def write_index(con, reports: Path, night: str, summary: dict) -> Path:
             tag += "<span class='tag skip'>not in tonight's drop</span>"
         links = ([f"<a href='{esc(j)}.html'>report</a>"] if (reports / f"{j}.html").exists() else []) + [
             f"<a href='logs/{esc(j)}.log'>log</a>"]
-        parts.append(f"<h2 id='job-{esc(j)}'>{esc(j)}{tag}</h2><p>{' · '.join(links)}</p>")
+        head = f"<h2 id='job-{esc(j)}'>{esc(j)}{tag}</h2><p>{' · '.join(links)}</p>"
         err = status.get(j, {}).get(night, (None, None))[1]
         if this.get(j) == "failed" and err:
-            parts.append(f"<p class='failed'>{esc(err)}</p>")
+            head += f"<p class='failed'>{esc(err)}</p>"
+        models.append(_div(head, name=f"job-{j}"))
         jn = [n for n in nights if n in status.get(j, {})]
         block = diff_html(j, summary.get("diffs", {}).get(j))
-        if not jn:
-            parts.append(block)
-            continue
-        bad_leds = {r["ledger"] for r in regs.get(j, [])}
-        head = "".join(f"<th style='border-bottom:3px solid {LEDGER_COLORS[n]}'>{esc(n)} %</th>" for n in LEDGERS)
-        parts.append(f"<div class='side'><table><tr><th>night</th><th>status</th>{head}</tr>")
-        for n in jn:
-            st, _ = status[j][n]
-            row = sh.get(j, {}).get(n, {})
-            cells = "".join(
-                f"<td{' class=bad' if n == night and led in bad_leds else ''}>"
-                f"{'' if led not in row else f'{100 * row[led]:.2f}'}</td>" for led in LEDGERS)
-            parts.append(f"<tr><td>{esc(n)}</td><td class='{'failed' if st != 'ok' else ''}'>{esc(st)}</td>"
-                         f"{cells}</tr>")
-        sparks = "".join(
-            f"<td>{_sparkline([sh.get(j, {}).get(n, {}).get(led) for n in jn], LEDGER_COLORS[led])}</td>"
-            for led in LEDGERS)
-        parts.append(f"<tr><td class='muted'>trend</td><td></td>{sparks}</tr></table>{block}</div>")
-    parts.append("</body></html>")
-    out = reports / "index.html"
-    _atomic_write_text(out, "\n".join(parts))
+        if jn:
+            table = _share_table(j, jn, status, sh, night, {r["ledger"] for r in regs.get(j, [])})
+            models.append(row(_trend(j, jn, sh.get(j, {})),
+                              _div(f"<div class='side'>{table}{block}</div>", name=f"shares-{j}")))
+        elif block:
+            models.append(_div(block, name=f"diff-{j}"))
+        lost = lost_html(j, night, *lost_kernels_of(con, j, night))
+        if lost:
+            models.append(_div(lost, name=f"lost-{j}"))
+    return column(*models, sizing_mode="stretch_width", name=INDEX_ROOT)
+
+
+def write_index(con, reports: Path, night: str, summary: dict) -> Path:
+    """reports/index.html (atomically): the layout of render_index, BokehJS inline."""
+    out = Path(reports) / "index.html"
+    page = file_html(render_index(con, Path(reports), night, summary), resources=INLINE,
+                     title=f"ninefold batch {night}")
+    _atomic_write_text(out, page)
     return out

@@ -19,6 +19,7 @@ from store.errors import NinefoldError
 LEDGER_TABLES = ("ledger_totals", "ledger_intervals", "step_windows", "clock_offsets", "kernel_classes", "pg_axes",
                  "collective_matches")
 NULL_PART = "__HIVE_DEFAULT_PARTITION__"
+LOST_TOP = 10            # kernels by lost time carried per job (the index's table)
 
 
 # ------------------------------------------------------------------ layout
@@ -212,6 +213,56 @@ def _shares(con, job: str) -> dict[str, dict]:
     return {led: {"share": float(s or 0.0), "ns": int(ns or 0)} for led, s, ns in rows}
 
 
+def lost_kernels(con, job: str, top: int = LOST_TOP) -> dict:
+    """JOB's TOP kernels by lost time (analysis.efficiency, not stored), summed over ranks by kernel name:
+    {"rows": [{kernel, kclass, calls, time_ns, lost_ns, efficiency (time-weighted), unit}], "reason": why there
+    are none, or what the rows leave out (the kernels whose work is not known), "unknown": {"kernels", "time_ns",
+    "note"} of those kernels or None}."""
+    from analysis.efficiency import EfficiencyError, compute_efficiency
+
+    try:
+        rows, _ = compute_efficiency(con, job)
+    except EfficiencyError as e:
+        return {"rows": [], "reason": f"efficiency: {e}", "unknown": None}
+    except Exception as e:  # the table is an extra: it never fails the job
+        return {"rows": [], "reason": f"efficiency: {type(e).__name__}: {e}", "unknown": None}
+    agg: dict = {}
+    unknown: dict = {"kernels": set(), "time_ns": 0, "notes": {}}
+    for r in rows:
+        if r["lost_ns"] is None:
+            unknown["kernels"].add(r["kernel"])
+            unknown["time_ns"] += r["time_ns"]
+            if r["note"]:
+                unknown["notes"][r["note"]] = unknown["notes"].get(r["note"], 0) + r["time_ns"]
+            continue
+        a = agg.setdefault(r["kernel"], {"kernel": r["kernel"], "kclass": r["kclass"], "calls": 0, "time_ns": 0,
+                                         "lost_ns": 0, "units": {}})
+        a["calls"] += r["calls"]
+        a["time_ns"] += r["time_ns"]
+        a["lost_ns"] += r["lost_ns"]
+        a["units"][r["unit"]] = a["units"].get(r["unit"], 0) + r["time_ns"]
+    out = []
+    for a in sorted(agg.values(), key=lambda a: (-a["lost_ns"], -a["time_ns"], a["kernel"]))[:top]:
+        units = a.pop("units")
+        # time-weighted efficiency over the ranks: the ideal time (time - lost) over the time
+        a["efficiency"] = (a["time_ns"] - a["lost_ns"]) / a["time_ns"] if a["time_ns"] > 0 else None
+        a["unit"] = max(units, key=lambda u: (units[u], u or ""))
+        out.append(a)
+    unk = None
+    if unknown["kernels"]:
+        notes = unknown["notes"]
+        unk = {"kernels": len(unknown["kernels"]), "time_ns": unknown["time_ns"],
+               "note": max(notes, key=lambda k: (notes[k], k)) if notes else None}
+    reason = None
+    if unk:
+        reason = (f"{unk['kernels']} kernels ({unk['time_ns'] / 1e6:.3f} ms over all ranks) without a known work "
+                  "or peak" + (f", e.g. {unk['note']}" if unk["note"] else ""))
+    if not out:
+        reason = ("no kernel with a known work and peak" + (f": {reason}" if reason else "")
+                  if rows else "no kernels in the job")
+    return {"rows": out, "reason": reason, "unknown": unk}
+
+
 def attribute_task(db: str, job: str, key: str, parses: list[dict], threads: int = 1) -> dict:
     """A job's parsed files → ledger tables (Parquet) and ledger shares. Never raises."""
     t0 = time.perf_counter()
@@ -250,12 +301,13 @@ def attribute_task(db: str, job: str, key: str, parses: list[dict], threads: int
                 files["diagnostics"] = [str(out)]
                 counts["diagnostics"] = n
             shares = _shares(con, job)
+            lost = lost_kernels(con, job)
             ranks, steps = con.execute("SELECT count(DISTINCT rank), count(DISTINCT step) FROM step_windows "
                                        "WHERE job = ?", [job]).fetchone()
         finally:
             con.close()
-        result = {"ok": True, "files": files, "counts": counts, "shares": shares, "ranks": ranks,
-                  "steps": steps, "work_db": str(work)}
+        result = {"ok": True, "files": files, "counts": counts, "shares": shares, "lost_time": lost,
+                  "ranks": ranks, "steps": steps, "work_db": str(work)}
         _atomic_write_text(marker, json.dumps(result))
         return {**base, **result, "cached": False, "seconds": time.perf_counter() - t0}
     except NinefoldError as e:

@@ -9,11 +9,14 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.attribution import attribute_job
+from analysis.ledgers import LEDGERS
+from dashboards.style import esc
 from ingest.load import ingest_paths
 from sample_traces.generate import generate
 from sample_traces.pipeline import generate_1f1b
 from service.cli import cli
 from store.connection import connect
+from tests.test_batch_index import index_text, index_texts, trend_lines
 
 CHECKED = ["traces", "gpu_ops", "host_ops", "collectives", "steps", "flows", "diagnostics",
            "ledger_totals", "ledger_intervals", "step_windows", "clock_offsets"]
@@ -118,6 +121,13 @@ def test_broken_jobs_fail_alone_and_exit_4(nights):
         log = Path(f["log"]).read_text()
         assert f["error"].splitlines()[0] in log and "FAILED" in log
         assert not (nights["reports"] / f"{job}.html").exists()
+    # the index tags the failed jobs and shows their errors
+    text = index_text(nights["n1_index"])
+    for job, f in failed.items():
+        head = next(t for t in index_texts(nights["n1_index"]) if f"<h2 id='job-{job}'>" in t)
+        assert "<span class='tag fail'>failed</span>" in head and f"<a href='logs/{job}.log'>log</a>" in head
+        assert "<p class='failed'>" + esc(f["error"]).splitlines()[0] in head
+    assert text.index("<h2 id='job-garbage'>") < text.index("<h2 id='job-job-0'>")
     # progress: one line per job with the overall counter
     assert len(re.findall(r"^\[\d/5\] ", r.output, re.M)) == 5, r.output
     assert re.search(r"^\[\d/5\] job-0 attributed \(2 ranks.*\d+\.\ds\)$", r.output, re.M), r.output
@@ -217,10 +227,15 @@ def test_second_night_skips_unchanged_and_flags_the_regression(nights):
     # the rerun of the same night did no work again
     log = (nights["reports"] / "logs" / "job-1.log").read_text()
     assert "already processed this night" in log and "share move: bubble" in log and "REGRESSION: " in log
-    html = (nights["reports"] / "index.html").read_text()
-    assert "regression: " in html and "<script" not in html and "http" not in html
-    assert html.count("<svg class=\"spark\"") >= 9
-    assert "tonight&#x27;s diff" in html or "tonight's diff" in html
+    page = (nights["reports"] / "index.html").read_text()
+    text = index_text(page)      # (and BokehJS inline: no external script or stylesheet)
+    assert "regression: " in text and "http" not in text
+    # a trend figure per job, one line per ledger, one point per night of the job
+    for j in ("job-0", "job-1", "job-2"):
+        lines = trend_lines(page, j)
+        assert list(lines) == list(LEDGERS)
+        assert all(xs == (["n1", "n2"] if j == "job-1" else ["n1"]) for xs, _ in lines.values()), j
+    assert "tonight's diff" in text
     # job-1 in the catalog is now exactly the pipeline job, its old rows and parts gone
     assert per_job_counts(nights["db"], ["job-1"]) == per_job_counts(nights["serial2"], ["job-1"])
     assert ledger_rows(nights["db"], ["job-1"]) == ledger_rows(nights["serial2"], ["job-1"])

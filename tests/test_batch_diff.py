@@ -11,8 +11,10 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
+from analysis.ledgers import LEDGERS
 from sample_traces.generate import generate
 from service.cli import cli
+from tests.test_batch_index import index_text, trend_lines
 
 STEPS = 12
 
@@ -70,11 +72,12 @@ def test_slower_gemms_exit_3_with_gemm_the_top_contributor(slow_gemm):
 
 
 def test_the_index_shows_the_significant_rows_beside_the_trend(slow_gemm):
-    html = slow_gemm["index"]
-    assert "tonight&#x27;s diff" in html or "tonight's diff" in html
-    assert "<td>kclass</td><td title='gemm'>gemm ★</td>" in html
-    assert "regression: " in html and "<script" not in html
-    assert html.index("class='side'") < html.index("class='diff'")
+    text = index_text(slow_gemm["index"])     # the Bokeh page's Divs (no external script)
+    assert "tonight's diff" in text
+    assert "<td>kclass</td><td title='gemm'>gemm ★</td>" in text
+    assert "regression: " in text
+    assert text.index("class='side'") < text.index("class='diff'")
+    assert list(trend_lines(slow_gemm["index"], "job")) == list(LEDGERS)
 
 
 def test_samples_kept_for_the_latest_two_nights_only(slow_gemm, tmp_path):
@@ -101,4 +104,4 @@ def test_step_to_step_noise_alone_exits_0_and_flags_nothing(tmp_path):
     d = s["diffs"]["job"]
     assert d["previous_night"] == "n1" and not d["changed"] and not d["regression"]
     assert d["top"] == [] and d["rows"] == [] and s["regressions"] == []
-    assert "nothing beyond the step-to-step noise" in (tmp_path / "reports" / "index.html").read_text()
+    assert "nothing beyond the step-to-step noise" in index_text((tmp_path / "reports" / "index.html").read_text())
