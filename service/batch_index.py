@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bokeh.document import Document
 from bokeh.embed import file_html
+from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, Legend
+from bokeh.models import ColumnDataSource, CustomJS, Div, FactorRange, HoverTool, Legend
 from bokeh.plotting import figure
 from bokeh.resources import INLINE
 
@@ -35,7 +37,29 @@ th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 .tag.ok { background: #2ca02c; color: #fff; } .tag.skip { background: #c7c7c7; }
 h1, h2 { font-family: system-ui, sans-serif; } h2 { margin-bottom: 2px; }
 .side { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; } .diff table { margin-top: 2px; }
+.diff td:nth-child(2) { text-align: left; }
 td.kernel { text-align: left; max-width: 46em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+"""
+
+# Each Div renders in its own shadow root, where the browser does not look for a #fragment's target: the page
+# finds it there itself (on load and when a link such as the regressions' changes the fragment).
+JUMP_JS = """
+function find(root, id) {
+  const el = root.getElementById(id);
+  if (el) return el;
+  for (const host of root.querySelectorAll("*")) {
+    const got = host.shadowRoot ? find(host.shadowRoot, id) : null;
+    if (got) return got;
+  }
+  return null;
+}
+function jump() {
+  const id = decodeURIComponent(window.location.hash.slice(1));
+  const el = id ? find(document, id) : null;
+  if (el) el.scrollIntoView();
+}
+window.addEventListener("hashchange", jump);
+setTimeout(jump, 50);
 """
 
 
@@ -48,7 +72,7 @@ def _div(text: str, **kw) -> Div:
 def _trend(job: str, jn: list[str], sh: dict):
     """JOB's ledger shares (%) across its nights JN: one line (and its points) per ledger."""
     p = figure(name=f"trend-{job}", x_range=FactorRange(*jn), height=240, width=560, tools="",
-               toolbar_location=None, y_axis_label="share of the step window %", title=f"{job}: ledger shares")
+               toolbar_location=None, y_axis_label="share of the step %", title=f"{job}: ledger shares")
     items, lines = [], []
     for led in LEDGERS:
         pct = [(100 * v) if (v := sh.get(n, {}).get(led)) is not None else math.nan for n in jn]
@@ -173,7 +197,9 @@ def render_index(con, reports: Path, night: str, summary: dict):
 def write_index(con, reports: Path, night: str, summary: dict) -> Path:
     """reports/index.html (atomically): the layout of render_index, BokehJS inline."""
     out = Path(reports) / "index.html"
-    page = file_html(render_index(con, Path(reports), night, summary), resources=INLINE,
-                     title=f"ninefold batch {night}")
+    doc = Document()
+    doc.add_root(render_index(con, Path(reports), night, summary))
+    doc.js_on_event(DocumentReady, CustomJS(code=JUMP_JS))
+    page = file_html(doc, resources=INLINE, title=f"ninefold batch {night}")
     _atomic_write_text(out, page)
     return out

@@ -218,6 +218,14 @@ def test_index_renders_offline_in_a_browser(batch):
             assert page.locator("canvas").count() >= 2      # one trend figure per job
             page.get_by_text("ninefold nightly batch: n2").wait_for(timeout=5_000)
             page.get_by_text("top kernels by lost time").first.wait_for(timeout=5_000)
+            # the links to a job's section find it inside its Div's shadow root
+            page.goto(out.as_uri() + "#job-steady")
+            page.locator("canvas").first.wait_for(state="visible", timeout=20_000)
+            page.wait_for_function("window.scrollY > 0", timeout=5_000)
+            page.evaluate("window.scrollTo(0, 0)")
+            page.get_by_role("link", name="job", exact=True).first.click()      # the regressions table's link
+            page.wait_for_function("window.scrollY > 0", timeout=5_000)
+            assert page.url.endswith("#job-job")
             assert attempted == [] and errors == []
         finally:
             b.close()
