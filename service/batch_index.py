@@ -102,11 +102,15 @@ def _share_table(j: str, jn: list[str], status: dict, sh: dict, night: str, bad_
     return "".join(parts)
 
 
-def lost_html(job: str, night: str, lost_night: str | None, rows: list[dict], reason: str | None) -> str:
-    """The index's table of JOB's kernels by lost time (time against the device's peak, summed over ranks)."""
+def lost_html(night: str, tonight: str | None, lost_night: str | None, rows: list[dict],
+              reason: str | None) -> str:
+    """The index's table of a job's kernels by lost time (time against the device's peak, summed over ranks);
+    TONIGHT: what happened to the job tonight (processed, skipped, failed or None)."""
     if lost_night is None:
         return ""
-    when = "" if lost_night == night else f" (night {esc(lost_night)}: the job is unchanged since)"
+    when = "" if lost_night == night else (
+        f" (night {esc(lost_night)}: the job is unchanged since)" if tonight == "skipped"
+        else f" (night {esc(lost_night)}, its latest successful run)")
     parts = [f"<div class='lost'><b>top kernels by lost time{when}</b>"
              "<p class='muted'>lost = time − work / the device's peak, over all ranks; efficiency = ideal time / "
              "time</p>"]
@@ -188,7 +192,7 @@ def render_index(con, reports: Path, night: str, summary: dict):
                               _div(f"<div class='side'>{table}{block}</div>", name=f"shares-{j}")))
         elif block:
             models.append(_div(block, name=f"diff-{j}"))
-        lost = lost_html(j, night, *lost_kernels_of(con, j, night))
+        lost = lost_html(night, this.get(j), *lost_kernels_of(con, j, night))
         if lost:
             models.append(_div(lost, name=f"lost-{j}"))
     return column(*models, sizing_mode="stretch_width", name=INDEX_ROOT)

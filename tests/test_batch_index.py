@@ -2,7 +2,8 @@
 ledger shares across nights, tonight's significant diff and its top kernels by lost time.
 
 Two nights of a batch over real generated jobs: `job` with GEMMs 10 % slower on night 2 (a planted regression),
-`steady` unchanged (skipped on night 2: it still shows its last known lost-time rows)."""
+`steady` unchanged (skipped on night 2: it still shows its last known lost-time rows), then its trace cut short
+on night 3 (failed: its error, a gap in its trend, its last successful night's rows)."""
 import html as _html
 import json
 import re
@@ -96,8 +97,13 @@ def batch(tmp_path_factory):
     r1, s1 = _run(base, "n1")
     _night(base / "drop", "job", 0, 1.1)
     r2, s2 = _run(base, "n2")
-    return {"base": base, "r1": r1, "s1": s1, "r2": r2, "s2": s2,
-            "index": (base / "reports" / "index.html").read_text()}
+    index2 = (base / "reports" / "index.html").read_text()
+    shutil.copytree(base / "reports", base / "reports-n2")     # (the browser test opens night 2's page)
+    f = base / "drop" / "steady" / "rank-1.json"                # night 3: steady's trace cut short, job unchanged
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    r3, s3 = _run(base, "n3")
+    return {"base": base, "r1": r1, "s1": s1, "r2": r2, "s2": s2, "index": index2, "r3": r3, "s3": s3,
+            "index3": (base / "reports" / "index.html").read_text()}
 
 
 def test_index_is_one_bokeh_page(batch):
@@ -190,11 +196,37 @@ def test_an_unchanged_job_shows_its_last_known_lost_time_rows(batch):
         assert f"title='{_html.escape(r['kernel'])}'" in table
 
 
+def test_a_failed_job_shows_its_error_a_gap_and_its_last_successful_rows(batch):
+    r3, s3 = batch["r3"], batch["s3"]
+    assert r3.exit_code == 4, r3.output
+    [failed] = s3["jobs"]["failed"]
+    assert failed["job"] == "steady" and s3["jobs"]["skipped"] == [{"job": "job", "last_night": "n2"}]
+    assert s3["lost_time"] == {}
+    page = batch["index3"]
+    texts = index_texts(page)
+    text = "\n".join(texts)
+    # failed jobs first, after those with a regression (none tonight)
+    assert text.index("<h2 id='job-steady'>") < text.index("<h2 id='job-job'>")
+    head = next(t for t in texts if "<h2 id='job-steady'>" in t)
+    assert "<span class='tag fail'>failed</span>" in head
+    assert "<p class='failed'>" + _html.escape(failed["error"]).splitlines()[0] in head
+    # the failed night is in the trend, without a value
+    for led, (xs, ys) in trend_lines(page, "steady").items():
+        assert xs == ["n1", "n3"] and ys[0] >= 0 and ys[1] != ys[1], led
+    assert "<td>n3</td><td class='failed'>failed</td>" in text
+    [table] = [t for t in texts if "top kernels by lost time (night n1, its latest successful run)" in t]
+    for r in batch["s1"]["lost_time"]["steady"]["rows"]:
+        assert f"title='{_html.escape(r['kernel'])}'" in table
+    [table] = [t for t in texts if "top kernels by lost time (night n2: the job is unchanged since)" in t]
+    for r in batch["s2"]["lost_time"]["job"]["rows"]:
+        assert f"title='{_html.escape(r['kernel'])}'" in table
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 def test_index_renders_offline_in_a_browser(batch):
     from playwright.sync_api import sync_playwright
 
-    out = batch["base"] / "reports" / "index.html"
+    out = batch["base"] / "reports-n2" / "index.html"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
