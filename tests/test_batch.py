@@ -121,6 +121,9 @@ def test_broken_jobs_fail_alone_and_exit_4(nights):
         log = Path(f["log"]).read_text()
         assert f["error"].splitlines()[0] in log and "FAILED" in log
         assert not (nights["reports"] / f"{job}.html").exists()
+    # each processed job's kernels by lost time came back from its attribute task on the cluster
+    assert set(s["lost_time"]) == {"job-0", "job-1", "job-2"}
+    assert all(v["rows"] and all(r["lost_ns"] > 0 for r in v["rows"]) for v in s["lost_time"].values())
     # the index tags the failed jobs and shows their errors
     text = index_text(nights["n1_index"])
     for job, f in failed.items():
