@@ -222,6 +222,17 @@ def test_a_failed_job_shows_its_error_a_gap_and_its_last_successful_rows(batch):
         assert f"title='{_html.escape(r['kernel'])}'" in table
 
 
+def test_lost_kernels_without_efficiency_is_an_empty_list_with_the_reason():
+    from service.batch_tasks import lost_kernels
+    from store.schema import create_all
+
+    con = duckdb.connect()
+    create_all(con)
+    got = lost_kernels(con, "absent")
+    con.close()
+    assert got["rows"] == [] and got["reason"] == "efficiency: no job 'absent' in the store"
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 def test_index_renders_offline_in_a_browser(batch):
     from playwright.sync_api import sync_playwright
