@@ -52,6 +52,7 @@ SPEC: dict[str, tuple[type, object]] = {
     "parallel.ep": (int, 1),
     "parallel.cp": (int, 1),
     "parallel.zero_stage": (int, 0),
+    "parallel.fsdp_prefetch": (int, 1),     # ZeRO-3: layers whose parameters are gathered ahead of the one computing
     "parallel.recompute": (str, "none"),
     "parallel.recompute_layers": (int, None),  # layers checkpointed under full recompute; = all
     "parallel.sequence_parallel": (bool, False),
@@ -175,7 +176,8 @@ def _validate(cfg: Config):
         if not 0.0 <= f <= 1.0:
             raise ConfigError(p, f"overlap.{ax}", f"a fraction in [0, 1], got {f}")
     for key in ("parallel.tp", "parallel.pp", "parallel.ep", "parallel.cp", "parallel.v",
-                "parallel.micro_batches", "parallel.micro_batch_size", "model.experts", "model.top_k"):
+                "parallel.micro_batches", "parallel.micro_batch_size", "model.experts", "model.top_k",
+                "parallel.fsdp_prefetch"):
         if cfg[key] < 1:
             raise ConfigError(p, key, f"must be >= 1, got {cfg[key]}")
     if cfg.get("parallel.dp") is not None and cfg["parallel.dp"] < 1:

@@ -55,7 +55,7 @@ def _predicted(plan, axis) -> bool:
     if axis == "optimizer":
         return bool(plan.optimizer)
     if axis == "dp":
-        return bool(plan.grad_sync or plan.param_gather)
+        return bool(plan.grad_sync or plan.param_gather or plan.z3_layers)
     if axis == "tp":
         return bool(plan.tp_fwd or plan.tp_bwd)
     if axis == "ep":
@@ -85,7 +85,7 @@ def strip(plan, excluded: list[Excluded]):
     kw: dict = {}
     for ex in excluded:
         if ex.axis == "dp":
-            kw.update(grad_sync=0, param_gather=0)
+            kw.update(grad_sync=0, param_gather=0, z3_layers=0)
         elif ex.axis == "tp":
             kw.update(tp_fwd=0, tp_bwd=0)
         elif ex.axis == "ep":

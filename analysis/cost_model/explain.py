@@ -82,6 +82,21 @@ def terms(pred) -> list[Term]:
             "2 per layer (forward), 2 (backward)" if axis in ("tp", "ep") else
             "warm-up + cool-down hops" if axis == "pp" else "one per step")
         add("exposed_comm", f"{axis.upper()} overlap factor", cfg[ov], "", _src(cfg, ov))
+    if plan.z3_layers or "dp" in excluded and cfg["parallel.zero_stage"] == 3:
+        tag = f" — NOT IN TRACE: {excluded['dp'].reason}" if "dp" in excluded else ""
+        n_dp = plan.dp * plan.cp
+        for coll, what in (("allgather", "all-gather"), ("reduce_scatter", "reduce-scatter")):
+            t1, note = _detail(pred, f"ZeRO-3 layer {what}")
+            if t1 is None:
+                continue
+            f = fits.get((canonical(coll), n_dp))
+            how = (f"{coll} n={n_dp} fitted from {f.source}: α={f.alpha * 1e6:.3g} us, β={f.beta / 1e9:.4g} GB/s"
+                   if f else f"α–β of the {hw} preset link ({coll}, n={n_dp}: no fit)")
+            add("exposed_comm", f"ZeRO-3 layer {what} (one)", t1 * 1e3, "ms", f"{note}; {how}{tag}")
+        add("exposed_comm", "ZeRO-3 layers per stage (gathered per micro-batch, forward and backward)",
+            plan.z3_layers or cfg["model.layers"] // plan.pp, "", "model.layers / pp")
+        add("exposed_comm", "ZeRO-3 prefetch depth", cfg["parallel.fsdp_prefetch"],
+            "", _src(cfg, "parallel.fsdp_prefetch") + "; exposed where a layer's gather outlasts the layer before")
     if plan.pp > 1:
         frac, _ = _detail(pred, "bubble fraction")
         add("bubble", "schedule", plan.pp, "stages", f"{plan.schedule}: {src.get('bubble', '')}")

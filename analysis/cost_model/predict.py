@@ -151,14 +151,26 @@ def build_plan(cfg: Config, hw, fits=(), achieved: float | None = None, shape_fr
         plan.grad_bytes = int(gb)
         plan.grad_coll = "allreduce" if zs == 0 else "reduce_scatter"
         t_g = costs.t(plan.grad_coll, gb, n_dp, "dp")
-        if zs >= 1:
-            t_ag = costs.t("allgather", 2.0 * p_gpu, n_dp, "dp")
+        if zs == 3:
+            # ZeRO-3 / FSDP: every layer's parameters gathered before its forward and again before its backward,
+            # its gradient reduce-scattered after its backward, in every micro-batch; the gathers prefetched
+            # parallel.fsdp_prefetch layers ahead (Rajbhandari et al. 2020, §5; Zhao et al. 2023, FSDP §3.3)
+            n_l = max(1, layers_stage)
+            plan.z3_layers, plan.z3_prefetch = n_l, cfg["parallel.fsdp_prefetch"]
+            plan.z3_bytes = int(2.0 * p_gpu / n_l)
+            plan.z3_gather = ns(costs.t("allgather", 2.0 * p_gpu / n_l, n_dp, "dp"))
+            plan.z3_reduce = ns(costs.t("reduce_scatter", gb / n_l, n_dp, "dp"))
             plan.param_bytes = int(2.0 * p_gpu)
-            plan.param_gather = ns(t_ag)
-            if zs == 3:
-                t_g += t_ag     # ZeRO-3 gathers the parameters again for the backward
-        plan.grad_sync = ns(t_g)
-        details.append((f"DP {plan.grad_coll}", t_g, f"{int(gb)} B over {n_dp}"))
+            details.append(("ZeRO-3 layer all-gather, one", plan.z3_gather / 1e9,
+                            f"{plan.z3_bytes} B over {n_dp}, {n_l} layers, prefetch {plan.z3_prefetch}"))
+            details.append(("ZeRO-3 layer reduce-scatter, one", plan.z3_reduce / 1e9, f"{int(gb / n_l)} B over {n_dp}"))
+        else:
+            if zs >= 1:
+                t_ag = costs.t("allgather", 2.0 * p_gpu, n_dp, "dp")
+                plan.param_bytes = int(2.0 * p_gpu)
+                plan.param_gather = ns(t_ag)
+            plan.grad_sync = ns(t_g)
+            details.append((f"DP {plan.grad_coll}", t_g, f"{int(gb)} B over {n_dp}"))
     shard = p_gpu / (n_dp if zs >= 1 else 1)
     if shape_free and shape_free.get("optimizer") is not None:
         plan.optimizer = ns(shape_free["optimizer"])

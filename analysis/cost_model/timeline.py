@@ -64,6 +64,11 @@ class StepPlan:
     grad_bytes: int = 0
     param_gather: int = 0
     param_bytes: int = 0
+    z3_layers: int = 0   # ZeRO-3 / FSDP: layers of the stage, each gathered (and its gradient reduce-scattered)
+    z3_gather: int = 0   # one layer's parameter all-gather
+    z3_reduce: int = 0   # one layer's gradient reduce-scatter
+    z3_bytes: int = 0    # one layer's parameters (bf16)
+    z3_prefetch: int = 1  # gathers in flight ahead of the layer computing
     optimizer: int = 0
     overlap: dict = field(default_factory=dict)
 
@@ -113,18 +118,76 @@ def _group_of(gs, axis, rank):
     return None, ()
 
 
+def zero3_layers(n: int, cl, g: int, r: int, k: int, backward: bool, t0: int = 0):
+    """ZeRO-3 / FSDP layer by layer on one stream of collectives: layer j computes (CL, or CL[j]) once its parameters
+    are gathered (G) and layer j−1 is done; the gather of layer j+K is issued when layer j starts (K gathers in
+    flight, FSDP's prefetch); in the backward each layer's gradient reduce-scatter (R) is issued when its
+    compute ends, queued behind the gathers already issued. Returns (compute starts, gathers as (start, end),
+    reduce-scatters as (start, end), the block's end: the last compute, or the last reduce-scatter)."""
+    k = max(1, k)
+    cls = list(cl) if isinstance(cl, (list, tuple)) else [cl] * n
+    c_start, ag, rs = [0] * n, [None] * n, []
+    free = t0
+    for q in range(min(k, n)):
+        ag[q] = (max(free, t0), max(free, t0) + g)
+        free = ag[q][1]
+    prev = t0
+    for j in range(n):
+        c_start[j] = max(prev, ag[j][1])
+        prev = c_start[j] + cls[j]
+        if j + k < n:
+            a = max(free, c_start[j])
+            ag[j + k] = (a, a + g)
+            free = a + g
+        if backward:
+            a = max(free, prev)
+            rs.append((a, a + r))
+            free = a + r
+    end = max(prev, rs[-1][1]) if backward and rs else prev
+    return c_start, ag, rs, end
+
+
+def _z3_block(kind, c, rc, plan, t0, cmax, rcmax):
+    """The compute of one block layer by layer under ZeRO-3, paced by the stage's busiest rank (every member
+    of a gather waits for the last): (events, this rank's last compute end, the busiest's, the block's end)."""
+    n, bwd = plan.z3_layers, kind == "backward"
+    slot = (cmax + rcmax) // n
+    slots = [slot] * (n - 1) + [cmax + rcmax - slot * (n - 1)]
+    starts, ag, rs, end = zero3_layers(n, slots, plan.z3_gather, plan.z3_reduce if bwd else 0, plan.z3_prefetch,
+                                       bwd, t0)
+    ev = []
+    for j, (a, b) in enumerate(ag):
+        ev.append(("comm", a, b, STREAM_DP, f"{kind}_z3_gather{j}", "all_gather"))
+    for j, (a, b) in enumerate(rs):
+        ev.append(("comm", a, b, STREAM_DP, f"{kind}_z3_reduce{j}", "reduce_scatter"))
+    own_r, own_c = rc // n, c // n
+    for j, t in enumerate(starts):
+        rj = own_r + (rc - own_r * n if j == n - 1 else 0)
+        cj = own_c + (c - own_c * n if j == n - 1 else 0)
+        if rj:
+            ev.append(("recompute", t, t + rj, STREAM_COMPUTE, f"{kind}_recompute{j}", None))
+        ev.append(("compute", t + rj, t + rj + cj, STREAM_COMPUTE, f"{kind}{j}", None))
+    last = starts[-1]
+    own_end = last + (rc - own_r * (n - 1)) + (c - own_c * (n - 1))
+    return ev, own_end, last + slots[-1], end
+
+
 def _block(kind, c, rc, plan, e, t0, cmax, rcmax):
     """Events of one micro-batch block on an EP-index-e rank starting at t0, relative; returns (events, end,
     last compute end). Every rank of the stage ends the block at the same instant."""
     ev = []
     t = t0
-    if rc:
-        ev.append(("recompute", t, t + rc, STREAM_COMPUTE, f"{kind}_recompute", None))
-        t += rc
-    ev.append(("compute", t, t + c, STREAM_COMPUTE, kind, None))
-    t += c
-    c_end = t
-    pad = (rcmax - rc) + (cmax - c)       # how much later the busiest rank's compute ends
+    if plan.z3_layers:
+        ev, c_end, busiest, z_end = _z3_block(kind, c, rc, plan, t0, cmax, rcmax)
+        pad = busiest - c_end
+    else:
+        if rc:
+            ev.append(("recompute", t, t + rc, STREAM_COMPUTE, f"{kind}_recompute", None))
+            t += rc
+        ev.append(("compute", t, t + c, STREAM_COMPUTE, kind, None))
+        t += c
+        c_end = z_end = t
+        pad = (rcmax - rc) + (cmax - c)       # how much later the busiest rank's compute ends
     a2a = plan.a2a_fwd if kind == "forward" else plan.a2a_bwd
     tpc = plan.tp_fwd if kind == "forward" else plan.tp_bwd
     if a2a:
@@ -142,7 +205,7 @@ def _block(kind, c, rc, plan, e, t0, cmax, rcmax):
         t = start + tpc
     elif not a2a:
         t = c_end + pad
-    return ev, t, c_end
+    return ev, max(t, z_end), c_end
 
 
 def build_step(plan: StepPlan) -> tuple[dict, dict]:
@@ -185,10 +248,12 @@ def build_step(plan: StepPlan) -> tuple[dict, dict]:
                                    0 if kind == "F" else rmax)
             last_c = max(last_c, c_end)
             for kk, a, b, stream, name, coll in blk:
-                ax = "ep" if coll == "all_to_allv" else ("tp" if coll else None)
+                ax = ("ep" if coll == "all_to_allv" else "dp" if coll in ("all_gather", "reduce_scatter")
+                      else "tp" if coll else None)
                 pg, g = _group_of(gs, ax, r) if ax else (None, ())
                 evs.append(Event(r, kk, a, b, stream, f"{name}#{i}", coll, pg, None,
-                                 plan.a2a_bytes if ax == "ep" else plan.tp_bytes if ax == "tp" else 0, g))
+                                 plan.a2a_bytes if ax == "ep" else plan.tp_bytes if ax == "tp" else
+                                 plan.z3_bytes if ax == "dp" else 0, g))
         blocks_end[r] = max(en[(k, s, i)] for k, i in progs[s])
         last_cs[r] = last_c
     # the gradient sync is issued overlap.dp of its time before a rank's last compute kernel ends and, like
