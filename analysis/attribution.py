@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.alignment import P2P_COLLS, align
+from analysis.alignment import align
 from analysis.classify import classify_kernel
 from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGERS

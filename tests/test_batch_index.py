@@ -233,7 +233,6 @@ def test_lost_kernels_without_efficiency_is_an_empty_list_with_the_reason():
     assert got["rows"] == [] and got["reason"] == "efficiency: no job 'absent' in the store"
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
 def test_index_renders_offline_in_a_browser(batch):
     from playwright.sync_api import sync_playwright
 
