@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,8 +101,11 @@ class _Src:
         self.path = path
         self.adbc_db = None
         try:
-            # tables are read in threads; Python's sqlite3 is built serialized, so one connection serves all
+            # tables are read in threads: the small queries share this connection one at a time (under
+            # concurrent calls sqlite3_errcode, which reports a failed step, is the connection's, so another
+            # thread's success can hide a damaged page's error); the bulk reads each open their own (arrow)
             self.db = sqlite3.connect(_uri(path), uri=True, check_same_thread=False)
+            self.lock = threading.Lock()
             rows = self.db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
             self.cols = {}
             for (t,) in rows:
@@ -176,14 +180,23 @@ class _Src:
 
     def rowids(self, table: str):
         try:   # two queries: each is a b-tree edge lookup, one query with both would scan
-            return (self.db.execute(f'SELECT min(rowid) FROM "{table}"').fetchall()[0][0],
-                    self.db.execute(f'SELECT max(rowid) FROM "{table}"').fetchall()[0][0])
-        except sqlite3.Error:   # a WITHOUT ROWID table: one sequential read
+            with self.lock:
+                lo = self.db.execute(f'SELECT min(rowid) FROM "{table}"').fetchall()
+                hi = self.db.execute(f'SELECT max(rowid) FROM "{table}"').fetchall()
+        except sqlite3.OperationalError as e:   # a WITHOUT ROWID table: one sequential read
+            if "rowid" not in str(e):
+                raise TraceFormatError(self.path, table, f"unreadable: {_one_line(e)}") from None
             return None, None
+        except sqlite3.Error as e:
+            raise TraceFormatError(self.path, table, f"unreadable: {_one_line(e)}") from None
+        if not lo or not hi:
+            raise TraceFormatError(self.path, table, "unreadable: no row from min(rowid)/max(rowid)")
+        return lo[0][0], hi[0][0]
 
     def rows(self, sql: str, where: str, args=()) -> list:
         try:
-            return self.db.execute(sql, args).fetchall()
+            with self.lock:
+                return self.db.execute(sql, args).fetchall()
         except sqlite3.Error as e:
             raise TraceFormatError(self.path, where, f"unreadable: {_one_line(e)}") from None
 
