@@ -20,6 +20,28 @@ needs_shared = pytest.mark.skipif(
 )
 
 
+# ---- browser tests: Debian's Chromium driven by Playwright (make test installs it)
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def offline(page) -> tuple[list, list]:
+    """Let PAGE load only file:// URLs: (the other URLs it tried, its page errors), filled as it runs."""
+    attempted, errors = [], []
+
+    def route(r):
+        if r.request.url.startswith("file://"):
+            r.continue_()
+        else:
+            attempted.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return attempted, errors
+
+
 @pytest.fixture
 def db(tmp_path):
     from store.connection import connect

@@ -3,18 +3,15 @@
 A job whose GEMMs are 10 % slower on night 2 (same seed) exits 3 with compute/gemm the top contributor, its
 delta the generator's own within a point of the step; the same job on a second seed (only step-to-step noise)
 exits 0 with nothing flagged; the index shows the significant rows beside the trend."""
-import json
 import shutil
 from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
 from analysis.ledgers import LEDGERS
 from sample_traces.generate import generate
-from service.cli import cli
-from tests.test_batch_index import index_text, trend_lines
+from tests.test_batch_index import index_text, run_night as _run, trend_lines
 
 STEPS = 12
 
@@ -27,10 +24,6 @@ def _night(root: Path, seed: int, scale: float) -> float:
     return sum(s["compute_kernel_ns"] for r in gt["ranks"] for s in r["steps"]) / STEPS
 
 
-def _run(base: Path, night: str):
-    r = CliRunner().invoke(cli, ["batch", str(base / "drop"), "--db", str(base / "store" / "c.duckdb"),
-                                 "--reports", str(base / "reports"), "--scheduler", "serial", "--night", night])
-    return r, json.loads((base / "reports" / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.ledgers import LEDGERS
+from conftest import CHROMIUM, CHROMIUM_ARGS, offline
 from sample_traces.generate import generate
 from service.cli import cli
 
 STEPS = 12
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
 
 
 # ------------------------------------------------------------------ reading the page (also used by test_batch*)
@@ -83,10 +81,12 @@ def _night(drop: Path, job: str, seed: int, scale: float) -> None:
     (drop / job / "ground_truth.json").unlink()
 
 
-def _run(base: Path, night: str):
+def run_night(base: Path, night: str):
+    """`ninefold batch` of BASE/drop for NIGHT on the serial scheduler: (the CLI result, summary.json)."""
     r = CliRunner().invoke(cli, ["batch", str(base / "drop"), "--db", str(base / "store" / "c.duckdb"),
                                  "--reports", str(base / "reports"), "--scheduler", "serial", "--night", night])
     return r, json.loads((base / "reports" / "summary.json").read_text())
+
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +94,14 @@ def batch(tmp_path_factory):
     base = tmp_path_factory.mktemp("index")
     _night(base / "drop", "job", 0, 1.0)
     _night(base / "drop", "steady", 5, 1.0)
-    r1, s1 = _run(base, "n1")
+    r1, s1 = run_night(base, "n1")
     _night(base / "drop", "job", 0, 1.1)
-    r2, s2 = _run(base, "n2")
+    r2, s2 = run_night(base, "n2")
     index2 = (base / "reports" / "index.html").read_text()
     shutil.copytree(base / "reports", base / "reports-n2")     # (the browser test opens night 2's page)
     f = base / "drop" / "steady" / "rank-1.json"                # night 3: steady's trace cut short, job unchanged
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-    r3, s3 = _run(base, "n3")
+    r3, s3 = run_night(base, "n3")
     return {"base": base, "r1": r1, "s1": s1, "r2": r2, "s2": s2, "index": index2, "r3": r3, "s3": s3,
             "index3": (base / "reports" / "index.html").read_text()}
 
@@ -238,20 +238,10 @@ def test_index_renders_offline_in_a_browser(batch):
 
     out = batch["base"] / "reports-n2" / "index.html"
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = b.new_page(viewport={"width": 1300, "height": 900})
-            attempted, errors = [], []
-
-            def route(r):
-                if r.request.url.startswith("file://"):
-                    r.continue_()
-                else:
-                    attempted.append(r.request.url)
-                    r.abort()
-
-            page.route("**/*", route)
-            page.on("pageerror", lambda e: errors.append(str(e)))
+            attempted, errors = offline(page)
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.goto(out.as_uri())
             page.locator("[data-root-id]").first.wait_for(state="attached", timeout=20_000)

@@ -14,15 +14,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, offline
 from sample_traces.demo_store import build_demo_store, sample_files
 from dashboards.report import write_report
 from analysis.ledgers import LEDGERS
 from dashboards.style import LEDGER_COLORS
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
 TOKEN = "tok-5f3a9c1e"
 
 
@@ -156,18 +154,7 @@ def test_static_report_renders_offline(browser, tmp_path):
     build_demo_store(db, tmp_path, jobs=("dp4",))
     out = write_report(db, "dp4", tmp_path / "dp4.html")
     page = browser.new_page(viewport={"width": 1300, "height": 900})
-    attempted = []
-
-    def route(r):
-        if r.request.url.startswith("file://"):
-            r.continue_()
-        else:
-            attempted.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    attempted, errors = offline(page)
     page.goto(out.as_uri())
     page.locator("[data-root-id]").first.wait_for(state="attached", timeout=20_000)
     canvas = page.locator("canvas").first
