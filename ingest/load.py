@@ -504,6 +504,17 @@ def _host_name(meta: dict) -> str | None:
     return str(h)[:255] if isinstance(h, (str, int)) and str(h) else None
 
 
+def _resource_error(con, path, e) -> str:
+    first = " ".join(str(e).split("\n")[0].split())[:200]
+    if isinstance(e, duckdb.OutOfMemoryException):
+        try:
+            limit = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        except duckdb.Error:
+            limit = "?"
+        return f"{path}: out of memory while ingesting ({first}); DuckDB's memory_limit is {limit}"
+    return f"{path}: I/O error while ingesting ({first})"
+
+
 def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None) -> list[LoadResult]:
     """Ingest every file; a failing file is reported and does not stop the others."""
     results = []
@@ -550,6 +561,10 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
                     r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage, prepared=prep)
             except NinefoldError as e:
                 r = LoadResult(str(f), j, rank, "failed", str(e))
+            except (duckdb.OutOfMemoryException, duckdb.IOException) as e:
+                # the machine, not the file: this file fails in one line (its transaction rolled back), the
+                # others still load
+                r = LoadResult(str(f), j, rank, "failed", _resource_error(con, f, e))
             for one in (r if isinstance(r, list) else [r]):
                 results.append(one)
                 if on_result:

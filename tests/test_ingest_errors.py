@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import ROOT
 from ingest.load import ingest_paths, load_kineto
 from store.errors import IngestConflict, TraceFormatError
 
@@ -237,3 +238,26 @@ def test_ingest_shows_a_bar_on_a_terminal_one_line_per_file_otherwise_and_quiet_
     out = p.stdout.decode()
     assert p.returncode == 0 and "SKIPPED" in out and "STORED" not in out and "3 stored" in out
     assert b"ingest" in err and b"4/4" in err and b"5/4" not in err, err
+
+
+def test_out_of_memory_fails_each_file_in_one_line_and_keeps_the_store(db, tmp_path):
+    # DuckDB refusing memory is the machine's limit, not the file's fault: each file fails in one line naming
+    # it and the limit, its transaction rolled back, the rows already stored kept; with the limit lifted the
+    # same files load
+    from sample_traces.generate import generate
+    from store.schema import PER_TRACE
+
+    keep = sorted((ROOT / "sample_traces" / "dp4").glob("rank-*.json.gz"))[:1]
+    assert [r.status for r in ingest_paths(db, keep, job="keep")] == ["stored"]
+    before = {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in PER_TRACE + ["traces"]}
+    generate(tmp_path / "big", ranks=2, steps=3, seed=2, target_mb=12)
+    files = sorted((tmp_path / "big").glob("rank-*.json"))
+    db.execute("SET memory_limit = '48MB'")
+    res = ingest_paths(db, files, job="big")
+    assert [r.status for r in res] == ["failed", "failed"]
+    for f, r in zip(files, res):
+        assert r.message.startswith(f"{f}: out of memory while ingesting (") and "memory_limit is" in r.message
+        assert "\n" not in r.message
+    assert {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in before} == before
+    db.execute("RESET memory_limit")
+    assert [r.status for r in ingest_paths(db, files, job="big")] == ["stored", "stored"]
