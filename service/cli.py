@@ -11,13 +11,23 @@ from store.errors import NinefoldError
 
 
 class _Group(click.Group):
-    """Library errors that escape a command (e.g. a store locked past --wait) become one line, exit 2."""
+    """Library errors that escape a command (e.g. a store locked past --wait) become one line, exit 2; so does
+    DuckDB running out of memory (the machine's limit, not a bug: the command's transaction is rolled back)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except NinefoldError as e:
             click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except Exception as e:
+            import duckdb
+
+            if not isinstance(e, duckdb.OutOfMemoryException):
+                raise
+            first = " ".join(str(e).split("\n")[0].split())[:200]
+            click.echo(f"error: out of memory in DuckDB ({first}); nothing was half-written: free memory or "
+                       "run with fewer jobs at once", err=True)
             sys.exit(2)
 
 

@@ -261,3 +261,24 @@ def test_out_of_memory_fails_each_file_in_one_line_and_keeps_the_store(db, tmp_p
     assert {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in before} == before
     db.execute("RESET memory_limit")
     assert [r.status for r in ingest_paths(db, files, job="big")] == ["stored", "stored"]
+
+
+def test_cli_says_out_of_memory_in_one_line(monkeypatch, tmp_path):
+    import duckdb
+    from click.testing import CliRunner
+
+    import analysis.attribution
+    from service.cli import cli
+
+    def oom(*a, **k):
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate data of size 128.0 MiB\nhints")
+
+    monkeypatch.setattr(analysis.attribution, "attribute_job", oom)
+    db = str(tmp_path / "o.duckdb")
+    r0 = CliRunner().invoke(cli, ["ingest", str(ROOT / "sample_traces" / "dp4"), "--job", "j", "--db", db])
+    assert r0.exit_code == 0, r0.output
+    r = CliRunner().invoke(cli, ["attribute", "--db", db, "--quiet"])
+    assert r.exit_code == 2
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert lines == ["error: out of memory in DuckDB (Out of Memory Error: failed to allocate data of size 128.0 MiB); "
+                     "nothing was half-written: free memory or run with fewer jobs at once"]
