@@ -15,17 +15,24 @@ from analysis.intervals import i64 as _i64
 P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 
 
-def _group_median(g, v, n_groups):
-    """Median of v within each group id g (0..n_groups-1, float; NaN where a group is empty): the mean of the
-    two middle values as float64 for an even count."""
-    g = np.asarray(g, dtype=np.int64)
-    o = np.argsort(g, kind="stable")
-    cnt = np.bincount(g, minlength=n_groups)
-    edges = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
-    if n_groups <= 256:  # few big groups (ranks): one partition per group beats sorting each
-        vs = np.asarray(v)[o]
-        return np.array([np.median(vs[edges[k]:edges[k + 1]]) if cnt[k] else np.nan for k in range(n_groups)])
-    return _sorted_group_median(o, edges, np.asarray(v))  # many small groups (collectives): sort each
+class _Groups:
+    """Group ids g (0..n_groups-1) sorted once, for the medians of several value arrays over the same groups."""
+
+    def __init__(self, g, n_groups):
+        g = np.asarray(g, dtype=np.int64)
+        self.o = np.argsort(g, kind="stable")
+        self.cnt = np.bincount(g, minlength=n_groups)
+        self.edges = np.concatenate(([0], np.cumsum(self.cnt))).astype(np.int64)
+        self.n = n_groups
+
+    def median(self, v):
+        """Median of v within each group (float; NaN where a group is empty): the mean of the two middle values
+        as float64 for an even count."""
+        if self.n <= 256:  # few big groups (ranks): one partition per group beats sorting each
+            vs = np.asarray(v)[self.o]
+            e, c = self.edges, self.cnt
+            return np.array([np.median(vs[e[k]:e[k + 1]]) if c[k] else np.nan for k in range(self.n)])
+        return _sorted_group_median(self.o, self.edges, np.asarray(v))  # many small groups (collectives)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -51,17 +58,18 @@ def _estimate_offsets(gm, rm_, em, G, R):
     """Per-rank clock offset (relative to rank index 0), residual and count from matched completions: offset_r
     = median over its collectives of (end_r − median end of the collective), refined once."""
     off = np.zeros(R, dtype=np.int64)
+    by_c, by_r = _Groups(gm, G), _Groups(rm_, R)   # each sorted once for the six medians below
     for _ in range(2):  # refine once with the offsets found
         adj = em - off[rm_]
-        dev = adj - _group_median(gm, adj, G)[gm]
-        d = _group_median(rm_, dev, R)
+        dev = adj - by_c.median(adj)[gm]
+        d = by_r.median(dev)
         has = ~np.isnan(d)
         off[has] += np.trunc(d[has]).astype(np.int64)
         off -= off[0]
     adj = em - off[rm_]
-    ad = np.abs(adj - _group_median(gm, adj, G)[gm])
+    ad = np.abs(adj - by_c.median(adj)[gm])
     n_m = np.bincount(rm_, minlength=R)
-    med = _group_median(rm_, ad, R)
+    med = by_r.median(ad)
     resid = np.where(np.isnan(med), 0, np.trunc(np.nan_to_num(med))).astype(np.int64)
     return off, resid, n_m
 
