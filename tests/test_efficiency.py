@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from analysis.attribution import attribute_job
-from analysis.efficiency import (EfficiencyError, _dtype_peak, _peaks, attention_flops, bus_bandwidth, bus_factor,
-                                 compute_efficiency, gemm_flops, kernel_efficiency, memory_bytes)
+from analysis.efficiency import EfficiencyError, _dtype_peak, _peaks, compute_efficiency, kernel_efficiency
+from analysis.kernel_work import attention_flops, bus_bandwidth, bus_factor, gemm_flops, memory_bytes
 from conftest import ROOT, SHARED_TRACES, needs_shared
 from ingest import nccl_tests
 from ingest.load import ingest_paths, load_kineto
