@@ -188,14 +188,19 @@ def test_static_report_renders_offline(browser, tmp_path):
     page.close()
 
 
-def test_whatif_tab_and_the_critical_path_on_the_timeline(server, browser):
+def _tab(browser, server, job: str, label: str, key: str):
+    """A page of the app on JOB's tab LABEL: (page, its page errors, the tab's area)."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(server)
-    page.locator("select").first.select_option("moe4")
-    page.get_by_text("What if", exact=True).click()
-    area = page.locator(".nf-tab-whatif").first
+    page.locator("select").first.select_option(job)
+    page.get_by_text(label, exact=True).click()
+    return page, errors, page.locator(f".nf-tab-{key}").first
+
+
+def test_whatif_tab_and_the_critical_path_on_the_timeline(server, browser):
+    page, errors, area = _tab(browser, server, "moe4", "What if", "whatif")
     area.get_by_text("What if: moe4").wait_for(timeout=60_000)
     table = area.locator("table.nf-whatif").first
     table.wait_for(timeout=10_000)
@@ -214,13 +219,7 @@ def test_whatif_tab_and_the_critical_path_on_the_timeline(server, browser):
 
 
 def test_compare_tab_flags_the_slower_gemms_and_efficiency_tab_ranks_lost_time(server, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(server)
-    page.locator("select").first.select_option("base")
-    page.get_by_text("Compare", exact=True).click()
-    area = page.locator(".nf-tab-compare").first
+    page, errors, area = _tab(browser, server, "base", "Compare", "compare")
     area.get_by_text("pick a second job").wait_for(timeout=30_000)
     page.locator("select").nth(2).select_option("slow_gemm")
     area.get_by_text("Compare: base → slow_gemm").wait_for(timeout=60_000)
