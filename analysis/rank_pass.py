@@ -12,7 +12,7 @@ from analysis.alignment import P2P_COLLS
 from analysis.core import NL, prepare_rank, sweep_rank
 from analysis.intervals import covered, i64 as _i64, union
 
-GROUP_OPS = 4_000_000  # ops read and swept at once: bounds the working memory (~200 B per op)
+GROUP_OPS = 1_000_000  # ops read and swept at once: bounds the working memory (~200 B per op of the group)
 
 # Recompute = the forward re-run inside backward, decided by where a kernel was launched (same thread): inside a
 # non-reentrant checkpoint's recompute_fn frame, or inside a reentrant CheckpointFunctionBackward before its inner
