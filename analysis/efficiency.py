@@ -389,6 +389,47 @@ def compute_efficiency(con, job: str, device: str | None = None) -> tuple[list[d
     return rows, devs
 
 
+UNKNOWN_WORK = "work not known"
+
+
+def by_kernel(rows: list[dict]) -> dict:
+    """Rows of one job (per rank and kernel, compute_efficiency's) summed over the ranks per kernel name and unit:
+    {"kernels": [{kernel, kclass, unit, ranks, calls, time_ns, ideal_ns, lost_ns, work, peak, efficiency
+    (ideal / time), achieved}] largest lost time first, "missing": [(reason, calls, time_ns)] of the rows whose
+    lost time is unknown, largest first, "unknown_kernels": how many kernel names those are, and the totals
+    total_ns, known_ns, lost_ns}."""
+    by: dict = {}
+    missing: dict = {}
+    unknown = set()
+    for r in rows:
+        if r["lost_ns"] is None:
+            m = missing.setdefault(r["note"] or UNKNOWN_WORK, [0, 0])
+            m[0] += r["calls"]
+            m[1] += r["time_ns"]
+            unknown.add(r["kernel"])
+            continue
+        k = by.setdefault((r["kernel"], r["unit"]), {"kernel": r["kernel"], "kclass": r["kclass"], "unit": r["unit"],
+                                                     "ranks": set(), "calls": 0, "time_ns": 0, "ideal_ns": 0.0,
+                                                     "lost_ns": 0, "work": 0.0, "peak": r["peak"]})
+        k["ranks"].add(r["rank"])
+        k["calls"] += r["calls"]
+        k["time_ns"] += r["time_ns"]
+        k["ideal_ns"] += r["work"] / r["peak"] * 1e9
+        k["lost_ns"] += r["lost_ns"]
+        k["work"] += r["work"]
+    kernels = []
+    for k in by.values():
+        k["ranks"] = len(k["ranks"])
+        k["efficiency"] = k["ideal_ns"] / k["time_ns"] if k["time_ns"] > 0 else None
+        k["achieved"] = k["work"] / (k["time_ns"] / 1e9) if k["time_ns"] > 0 else None
+        kernels.append(k)
+    kernels.sort(key=lambda k: (-k["lost_ns"], -k["time_ns"], k["kernel"]))
+    miss = sorted(((why, c, ns) for why, (c, ns) in missing.items()), key=lambda x: (-x[2], x[0]))
+    return {"kernels": kernels, "missing": miss, "unknown_kernels": len(unknown),
+            "total_ns": sum(r["time_ns"] for r in rows), "known_ns": sum(k["time_ns"] for k in kernels),
+            "lost_ns": sum(k["lost_ns"] for k in kernels)}
+
+
 def store_efficiency(con, job: str, rows: list[dict]) -> None:
     """Replace JOB's rows of ``kernel_efficiency`` (one transaction)."""
     import pyarrow as pa

@@ -214,11 +214,12 @@ def _shares(con, job: str) -> dict[str, dict]:
 
 
 def lost_kernels(con, job: str, top: int = LOST_TOP) -> dict:
-    """JOB's TOP kernels by lost time (analysis.efficiency, not stored), summed over ranks by kernel name:
+    """JOB's TOP kernels by lost time (analysis.efficiency, not stored), summed over ranks per kernel name and unit
+    (analysis.efficiency.by_kernel):
     {"rows": [{kernel, kclass, calls, time_ns, lost_ns, efficiency (time-weighted), unit}], "reason": why there
     are none, or what the rows leave out (the kernels whose work is not known), "unknown": {"kernels", "time_ns",
     "note"} of those kernels or None}."""
-    from analysis.efficiency import EfficiencyError, compute_efficiency
+    from analysis.efficiency import UNKNOWN_WORK, EfficiencyError, by_kernel, compute_efficiency
 
     try:
         rows, _ = compute_efficiency(con, job)
@@ -226,33 +227,14 @@ def lost_kernels(con, job: str, top: int = LOST_TOP) -> dict:
         return {"rows": [], "reason": f"efficiency: {e}", "unknown": None}
     except Exception as e:  # the table is an extra: it never fails the job
         return {"rows": [], "reason": f"efficiency: {type(e).__name__}: {e}", "unknown": None}
-    agg: dict = {}
-    unknown: dict = {"kernels": set(), "time_ns": 0, "notes": {}}
-    for r in rows:
-        if r["lost_ns"] is None:
-            unknown["kernels"].add(r["kernel"])
-            unknown["time_ns"] += r["time_ns"]
-            if r["note"]:
-                unknown["notes"][r["note"]] = unknown["notes"].get(r["note"], 0) + r["time_ns"]
-            continue
-        a = agg.setdefault(r["kernel"], {"kernel": r["kernel"], "kclass": r["kclass"], "calls": 0, "time_ns": 0,
-                                         "lost_ns": 0, "units": {}})
-        a["calls"] += r["calls"]
-        a["time_ns"] += r["time_ns"]
-        a["lost_ns"] += r["lost_ns"]
-        a["units"][r["unit"]] = a["units"].get(r["unit"], 0) + r["time_ns"]
-    out = []
-    for a in sorted(agg.values(), key=lambda a: (-a["lost_ns"], -a["time_ns"], a["kernel"]))[:top]:
-        units = a.pop("units")
-        # time-weighted efficiency over the ranks: the ideal time (time - lost) over the time
-        a["efficiency"] = (a["time_ns"] - a["lost_ns"]) / a["time_ns"] if a["time_ns"] > 0 else None
-        a["unit"] = max(units, key=lambda u: (units[u], u or ""))
-        out.append(a)
+    agg = by_kernel(rows)
+    out = [{k: a[k] for k in ("kernel", "kclass", "calls", "time_ns", "lost_ns", "efficiency", "unit")}
+           for a in agg["kernels"][:top]]
     unk = None
-    if unknown["kernels"]:
-        notes = unknown["notes"]
-        unk = {"kernels": len(unknown["kernels"]), "time_ns": unknown["time_ns"],
-               "note": max(notes, key=lambda k: (notes[k], k)) if notes else None}
+    if agg["unknown_kernels"]:
+        notes = [why for why, _, _ in agg["missing"] if why != UNKNOWN_WORK]
+        unk = {"kernels": agg["unknown_kernels"], "time_ns": sum(ns for _, _, ns in agg["missing"]),
+               "note": notes[0] if notes else None}
     reason = None
     if unk:
         reason = (f"{unk['kernels']} kernels ({unk['time_ns'] / 1e6:.3f} ms over all ranks) without a known work "

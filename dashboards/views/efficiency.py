@@ -31,7 +31,7 @@ def _stored(con, job):
 
 
 def load(con, job: str) -> dict:
-    from analysis.efficiency import EfficiencyError, compute_efficiency, device_line, resolve_devices
+    from analysis.efficiency import EfficiencyError, by_kernel, compute_efficiency, device_line, resolve_devices
 
     rows, source = _stored(con, job), "stored by ninefold efficiency"
     try:
@@ -43,39 +43,7 @@ def load(con, job: str) -> dict:
         device = device_line(devs)
     except EfficiencyError as e:
         return {"job": job, "error": str(e)}
-    return {"job": job, "device": device, "source": source, **aggregate(rows)}
-
-
-def aggregate(rows: list[dict]) -> dict:
-    """Rows of one job (per rank and kernel) -> per kernel and unit over its ranks, by lost time; plus the
-    reasons for the time whose work is unknown, and the totals."""
-    by: dict = {}
-    missing: dict = {}
-    for r in rows:
-        if r["work"] is None or r["peak"] is None:
-            m = missing.setdefault(r["note"] or "work not known", [0, 0])
-            m[0] += r["calls"]
-            m[1] += r["time_ns"]
-            continue
-        k = by.setdefault((r["kernel"], r["unit"]), {"kernel": r["kernel"], "kclass": r["kclass"], "unit": r["unit"],
-                                                     "ranks": set(), "calls": 0, "time_ns": 0, "ideal_ns": 0.0,
-                                                     "lost_ns": 0, "work": 0.0, "peak": r["peak"]})
-        k["ranks"].add(r["rank"])
-        k["calls"] += r["calls"]
-        k["time_ns"] += r["time_ns"]
-        k["ideal_ns"] += r["work"] / r["peak"] * 1e9
-        k["lost_ns"] += r["lost_ns"] or 0
-        k["work"] += r["work"]
-    kernels = []
-    for k in by.values():
-        k["ranks"] = len(k["ranks"])
-        k["efficiency"] = k["ideal_ns"] / k["time_ns"] if k["time_ns"] > 0 else None
-        k["achieved"] = k["work"] / (k["time_ns"] / 1e9) if k["time_ns"] > 0 else None
-        kernels.append(k)
-    kernels.sort(key=lambda k: (-k["lost_ns"], -k["time_ns"], k["kernel"]))
-    miss = sorted(((why, c, ns) for why, (c, ns) in missing.items()), key=lambda x: -x[2])
-    return {"kernels": kernels, "missing": miss, "total_ns": sum(r["time_ns"] for r in rows),
-            "known_ns": sum(k["time_ns"] for k in kernels), "lost_ns": sum(k["lost_ns"] for k in kernels)}
+    return {"job": job, "device": device, "source": source, **by_kernel(rows)}
 
 
 def _colour(k: dict) -> str:
