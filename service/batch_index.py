@@ -18,6 +18,7 @@ from bokeh.resources import INLINE
 
 from analysis.ledgers import LEDGERS
 from dashboards.style import LEDGER_COLORS, esc, fmt_ns
+from dashboards.views._common import div
 
 from .batch_catalog import lost_kernels_of
 from .batch_diff import diff_html
@@ -64,9 +65,7 @@ setTimeout(jump, 50);
 
 
 def _div(text: str, **kw) -> Div:
-    # each Div renders in its own shadow root: the page's style goes with it
-    kw.setdefault("sizing_mode", "stretch_width")
-    return Div(text=f"<style>{INDEX_CSS}</style>{text}", **kw)
+    return div(text, css=INDEX_CSS, **kw)
 
 
 def _trend(job: str, jn: list[str], sh: dict):

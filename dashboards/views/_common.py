@@ -7,9 +7,10 @@ from bokeh.models import ColumnDataSource, Div
 from dashboards.style import CSS
 
 
-def div(html: str, **kw) -> Div:
+def div(html: str, css: str = CSS, **kw) -> Div:
+    """A Div with its style: each renders in its own shadow root, so the page's CSS goes with it."""
     kw.setdefault("sizing_mode", "stretch_width")
-    return Div(text=f"<style>{CSS}</style>{html}", **kw)
+    return Div(text=f"<style>{css}</style>{html}", **kw)
 
 
 def source(df, **extra) -> ColumnDataSource:
