@@ -60,9 +60,8 @@ def terms(pred) -> list[Term]:
              "dp": (canonical(plan.grad_coll), plan.dp * plan.cp)}
     hw = cfg.hardware().name
 
-    def comm_src(axis):
-        coll, n = sizes[axis]
-        f = fits.get((coll, n))
+    def comm_src(coll, n):
+        f = fits.get((canonical(coll) or coll, n))
         if f is None:
             return f"α–β of the {hw} preset link ({coll}, n={n}: no fit)"
         return f"{coll} n={n} fitted from {f.source}: α={f.alpha * 1e6:.3g} us, β={f.beta / 1e9:.4g} GB/s"
@@ -77,7 +76,7 @@ def terms(pred) -> list[Term]:
             continue
         tag = f" — NOT IN TRACE: {excluded[axis].reason}" if axis in excluded else ""
         add("exposed_comm", f"{axis.upper()} bytes (one)", nbytes, "B", note + tag)
-        add("exposed_comm", f"{axis.upper()} time (one): α·steps + bytes/β", t1 * 1e3, "ms", comm_src(axis))
+        add("exposed_comm", f"{axis.upper()} time (one): α·steps + bytes/β", t1 * 1e3, "ms", comm_src(*sizes[axis]))
         add("exposed_comm", f"{axis.upper()} count per {'block' if axis in ('tp', 'ep') else 'step'}", count, "",
             "2 per layer (forward), 2 (backward)" if axis in ("tp", "ep") else
             "warm-up + cool-down hops" if axis == "pp" else "one per step")
@@ -89,10 +88,7 @@ def terms(pred) -> list[Term]:
             t1, note = _detail(pred, f"ZeRO-3 layer {what}")
             if t1 is None:
                 continue
-            f = fits.get((canonical(coll), n_dp))
-            how = (f"{coll} n={n_dp} fitted from {f.source}: α={f.alpha * 1e6:.3g} us, β={f.beta / 1e9:.4g} GB/s"
-                   if f else f"α–β of the {hw} preset link ({coll}, n={n_dp}: no fit)")
-            add("exposed_comm", f"ZeRO-3 layer {what} (one)", t1 * 1e3, "ms", f"{note}; {how}{tag}")
+            add("exposed_comm", f"ZeRO-3 layer {what} (one)", t1 * 1e3, "ms", f"{note}; {comm_src(coll, n_dp)}{tag}")
         add("exposed_comm", "ZeRO-3 layers per stage (gathered per micro-batch, forward and backward)",
             plan.z3_layers or cfg["model.layers"] // plan.pp, "", "model.layers / pp")
         add("exposed_comm", "ZeRO-3 prefetch depth", cfg["parallel.fsdp_prefetch"],
