@@ -20,8 +20,12 @@ from analysis.rank_pass import (REENTRANT_HOST, RECOMPUTE_HOST, io_regions, rank
 DDL = {
     # drill-down keys: the GPU op that the interval is charged to (for an idle/host/io/bubble gap, the op
     # that ends the gap), and for communication the collective's process group and sequence number
-    "ledger_intervals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, start_ns BIGINT, end_ns BIGINT,
-                           op_name VARCHAR, pg_name VARCHAR, seq BIGINT""",
+    # the intervals, stored with integer codes (the ledger's index in LEDGERS; the op and process group by
+    # ledger_names, per job; -1 = none, also for seq: no NULLs to mask); read them through the ledger_intervals
+    # view, which carries the names
+    "ledger_segments": """job VARCHAR, rank INTEGER, step INTEGER, ledger_code UTINYINT, start_ns BIGINT,
+                          end_ns BIGINT, op_code INTEGER, pg_code INTEGER, seq BIGINT""",
+    "ledger_names": """job VARCHAR, kind VARCHAR, code INTEGER, name VARCHAR""",
     "ledger_totals": """job VARCHAR, rank INTEGER, step INTEGER, ledger VARCHAR, ns BIGINT""",
     "step_windows": """job VARCHAR, rank INTEGER, step INTEGER, start_ns BIGINT, end_ns BIGINT""",
     # offset_ns is the offset applied (0 where the estimate was not used); estimate_ns what the completions say
@@ -66,17 +70,59 @@ def drilldown_sql(nccl: bool = True) -> str:
 
 
 DRILLDOWN_VIEW = "CREATE OR REPLACE VIEW ledger_drilldown AS" + drilldown_sql()
+# every charged interval with its names: job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq
+INTERVALS_VIEW = f"""CREATE OR REPLACE VIEW ledger_intervals AS
+    SELECT s.job, s.rank, s.step, ({list(LEDGERS)!r})[s.ledger_code + 1] AS ledger, s.start_ns, s.end_ns,
+           o.name AS op_name, p.name AS pg_name, nullif(s.seq, -1) AS seq
+    FROM ledger_segments s
+    LEFT JOIN ledger_names o ON o.job = s.job AND o.kind = 'op' AND o.code = s.op_code
+    LEFT JOIN ledger_names p ON p.job = s.job AND p.kind = 'pg' AND p.code = s.pg_code"""
+OLD_COLUMNS = (("op_name", "VARCHAR"), ("pg_name", "VARCHAR"), ("seq", "BIGINT"))
 # tables other modules compute from a job's attribution: a new attribution removes the job's rows
 DERIVED = ("critical_path", "kernel_efficiency")
 
 def _ensure_tables(con):
     for t, cols in DDL.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
-    for col, typ in (("op_name", "VARCHAR"), ("pg_name", "VARCHAR"), ("seq", "BIGINT")):
-        con.execute(f"ALTER TABLE ledger_intervals ADD COLUMN IF NOT EXISTS {col} {typ}")
     for col, typ in (("estimate_ns", "BIGINT"), ("applied", "BOOLEAN"), ("reason", "VARCHAR")):
         con.execute(f"ALTER TABLE clock_offsets ADD COLUMN IF NOT EXISTS {col} {typ}")
+    if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'ledger_intervals' AND NOT temporary "
+                   "AND schema_name = current_schema()").fetchone()[0]:
+        _migrate_intervals(con)
+    con.execute(INTERVALS_VIEW)
     con.execute(DRILLDOWN_VIEW)
+
+
+def insert_named_intervals(con, source: str) -> None:
+    """Store the rows of SOURCE (a table or view with ledger_intervals' named columns) as coded segments: names
+    a job does not have yet get the next codes of its ledger_names."""
+    for kind, col in (("op", "op_name"), ("pg", "pg_name")):
+        con.execute(f"""INSERT INTO ledger_names
+            SELECT x.job, '{kind}', coalesce(n.top, -1) + row_number() OVER (PARTITION BY x.job ORDER BY x.name),
+                   x.name
+            FROM (SELECT DISTINCT job, {col} AS name FROM {source} WHERE {col} IS NOT NULL) x
+            LEFT JOIN (SELECT job, max(code) AS top FROM ledger_names WHERE kind = '{kind}' GROUP BY job) n
+                   ON n.job = x.job
+            WHERE NOT EXISTS (SELECT 1 FROM ledger_names y WHERE y.job = x.job AND y.kind = '{kind}'
+                              AND y.name = x.name)""")
+    con.execute(f"""INSERT INTO ledger_segments
+        SELECT i.job, i.rank, i.step, list_position({list(LEDGERS)!r}, i.ledger) - 1, i.start_ns, i.end_ns,
+               coalesce(o.code, -1), coalesce(p.code, -1), coalesce(i.seq, -1)
+        FROM {source} i
+        LEFT JOIN ledger_names o ON o.job = i.job AND o.kind = 'op' AND o.name = i.op_name
+        LEFT JOIN ledger_names p ON p.job = i.job AND p.kind = 'pg' AND p.name = i.pg_name
+        ORDER BY i.job, i.rank, i.start_ns""")
+
+
+def _migrate_intervals(con) -> None:
+    """A store written before the coded layout holds ledger_intervals as a table: its rows move to
+    ledger_segments / ledger_names (the same intervals and names), and the table makes way for the view."""
+    for col, typ in OLD_COLUMNS:
+        con.execute(f"ALTER TABLE ledger_intervals ADD COLUMN IF NOT EXISTS {col} {typ}")
+    con.execute("ALTER TABLE ledger_intervals RENAME TO _ledger_intervals_old")
+    con.execute("DROP VIEW IF EXISTS ledger_drilldown")
+    insert_named_intervals(con, "_ledger_intervals_old")
+    con.execute("DROP TABLE _ledger_intervals_old")
 
 
 def _store_keys(con, job: str, knames: list, rules: list) -> None:
@@ -164,6 +210,8 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
                                       "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_()),
                                       "cls": pa.array([r[1] for r in rules], pa.string())}))
     _store_keys(con, job, knames, rules)
+    con.execute("INSERT INTO ledger_names SELECT ?, 'op', unnest(range(?)), unnest(?::VARCHAR[])",
+                [job, len(knames), knames])
     hn = dict(con.execute("SELECT rank, host_name FROM traces WHERE job = ?", [job]).fetchall())
     codes = {h: k for k, h in enumerate(sorted({h for h in hn.values() if h}))}
     offsets, waits, matched_keys = align(con, job, ranks, [codes.get(hn.get(r), -1) for r in ranks])
@@ -173,6 +221,8 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
                                           "AND pg_name IS NOT NULL ORDER BY 1", [job]).fetchall()]
     con.register("_pgs", pa.table({"pgid": pa.array(range(len(pg_names)), pa.int32()),
                                    "pg_name": pa.array(pg_names, pa.string())}))
+    con.execute("INSERT INTO ledger_names SELECT ?, 'pg', unnest(range(?)), unnest(?::VARCHAR[])",
+                [job, len(pg_names), pg_names])
     fam_of = np.array([1 if r[0] == "comm" else 0 for r in rules], dtype=np.int8)
     p2p_of = np.array([r[1] == "sendrecv" for r in rules], dtype=bool)
     # as many threads as the connection lets DuckDB use (a batch worker runs with one), at most two
@@ -239,14 +289,13 @@ def _write(con, job, out, knames, pg_names):
         codes = np.asarray(codes, dtype=np.int32)
         return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
 
-    seq = out["seq"]
     con.register("_li", pa.table({
-        "rank": out["rank"], "step": out["step"], "ledger": named(out["lab"], list(LEDGERS)),
-        "start_ns": out["start"], "end_ns": out["end"], "op_name": named(out["kid"], knames),
-        "pg_name": named(out["pgid"], pg_names), "seq": pa.array(seq, mask=seq < 0)}))
+        "rank": out["rank"], "step": out["step"], "ledger_code": np.asarray(out["lab"], np.uint8),
+        "start_ns": out["start"], "end_ns": out["end"], "op_code": np.asarray(out["kid"], np.int32),
+        "pg_code": np.asarray(out["pgid"], np.int32), "seq": np.maximum(np.asarray(out["seq"], np.int64), -1)}))
     # produced rank by rank, window by window, in time order: already sorted for range scans
-    con.execute("""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq)
-        SELECT ?, * FROM _li""", [job])
+    con.execute("""INSERT INTO ledger_segments (job, rank, step, ledger_code, start_ns, end_ns, op_code, pg_code,
+                   seq) SELECT ?, * FROM _li""", [job])
     con.unregister("_li")
     nl = len(LEDGERS)
     con.register("_lt", pa.table({

@@ -43,7 +43,7 @@ def step_samples(con, job: str) -> tuple[list, dict]:
     """JOB's steps, and per level and key the time per step (sum over ranks) as {(level, key): {step: ns}}.
 
     Every step is a key of ``("ledger", "step")``'s samples (its windows' sum, 0 included)."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     if not {"step_windows", "ledger_totals", "ledger_intervals", "kernel_classes"} <= have:
         raise DiffError(f"job {job!r} has no attributed steps: run `ninefold attribute` first")
     steps = [r[0] for r in con.execute("SELECT DISTINCT step FROM step_windows WHERE job = ? ORDER BY 1",

@@ -16,8 +16,8 @@ from pathlib import Path
 from analysis.ledgers import LEDGERS
 from store.errors import NinefoldError
 
-LEDGER_TABLES = ("ledger_totals", "ledger_intervals", "step_windows", "clock_offsets", "kernel_classes", "pg_axes",
-                 "collective_matches")
+LEDGER_TABLES = ("ledger_totals", "ledger_segments", "ledger_names", "step_windows", "clock_offsets",
+                 "kernel_classes", "pg_axes", "collective_matches")
 NULL_PART = "__HIVE_DEFAULT_PARTITION__"
 LOST_TOP = 10            # kernels by lost time carried per job (the index's table)
 

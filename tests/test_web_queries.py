@@ -284,17 +284,20 @@ def test_timeline_row_cap_on_a_large_job(tmp_path):
     from store.schema import create_all
 
     create_all(con)
-    from analysis.attribution import DDL
+    from analysis.attribution import DDL, INTERVALS_VIEW
+    from analysis.ledgers import LEDGER_ID
 
     for t, cols in DDL.items():
         con.execute(f"CREATE TABLE {t} ({cols})")
+    con.execute(INTERVALS_VIEW)
     R, N, D = 64, 40_000, 1_000  # ranks, intervals per rank, ns per interval
     con.execute("INSERT INTO jobs (job, world_size) VALUES ('big', 64)")
     con.execute("INSERT INTO traces (job, rank, path, sha256, format) SELECT 'big', r, 'x', 's' || r, 'kineto' "
                 "FROM range(64) t(r)")
-    con.execute(f"""INSERT INTO ledger_intervals (job, rank, step, ledger, start_ns, end_ns)
-        SELECT 'big', r, 1, CASE WHEN r = 5 AND i BETWEEN 1000 AND 9999 THEN 'straggler'
-                                 ELSE (['compute', 'host', 'exposed_comm', 'idle'])[1 + (i % 4)::INTEGER] END,
+    c = [LEDGER_ID[k] for k in ("compute", "host", "exposed_comm", "idle")]
+    con.execute(f"""INSERT INTO ledger_segments (job, rank, step, ledger_code, start_ns, end_ns)
+        SELECT 'big', r, 1, CASE WHEN r = 5 AND i BETWEEN 1000 AND 9999 THEN {LEDGER_ID['straggler']}
+                                 ELSE ({c})[1 + (i % 4)::INTEGER] END,
                i * {D}, (i + 1) * {D}
         FROM range({R}) a(r), range({N}) b(i)""")
     con.execute(f"INSERT INTO step_windows (job, rank, step, start_ns, end_ns) SELECT 'big', r, 1, 0, {N * D} FROM range({R}) t(r)")
