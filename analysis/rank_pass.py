@@ -61,30 +61,37 @@ def _by_rank(rank):
     return o, rank[o]
 
 
+def _fetch(con, sql, params) -> dict:
+    """The columns of SQL's result as numpy arrays, through Arrow (no masked arrays; a NULL-free column is not
+    copied again)."""
+    t = con.sql(sql, params=params).to_arrow_table()
+    return {k: t.column(k).to_numpy() for k in t.column_names}
+
+
 def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
     """The ops of ranks LO..HI as one sorted table (rank, then prepare_rank's order): rank, fam, p2p, start_ns,
     end_ns, launch_ns, kid, pgid, seq, lth."""
-    g = con.execute("""
+    g = _fetch(con, """
         SELECT g.rank, g.start_ns, g.end_ns, coalesce(g.correlation, 0) AS corr, g.correlation IS NOT NULL AS hc,
                coalesce(g.stream, 9223372036854775807) AS stream,
                (CASE g.kind WHEN 'kernel' THEN 0 WHEN 'memcpy' THEN 1 ELSE 2 END)::TINYINT AS kind,
                coalesce(c.kid, -1)::BIGINT AS kid
         FROM gpu_ops g LEFT JOIN _kclass c ON c.name = g.name
         WHERE g.job = ? AND g.rank BETWEEN ? AND ? AND g.kind IN ('kernel', 'memcpy', 'memset')""",
-                    [job, lo, hi]).fetchnumpy()
-    h = con.execute("""
+                    [job, lo, hi])
+    h = _fetch(con, """
         SELECT rank, correlation, start_ns, (hash(pid, tid) >> 1)::BIGINT AS th FROM host_ops
         WHERE job = ? AND rank BETWEEN ? AND ? AND cat IN ('cuda_runtime', 'cuda_driver')
-              AND correlation IS NOT NULL""", [job, lo, hi]).fetchnumpy()
+              AND correlation IS NOT NULL""", [job, lo, hi])
     # one collective key per comm kernel (rank, start, kernel): a batched send/recv kernel carries several; the
     # drill-down names the one of lowest (seq, group); p2p unless the collective it carries is not (all-to-all)
-    ck = con.execute(f"""
+    ck = _fetch(con, f"""
         SELECT k.rank, k.start_ns, c.kid::BIGINT AS kid, coalesce(arg_min(p.pgid, [k.seq, p.pgid]), -1)::BIGINT AS pgid,
                coalesce(min(k.seq), -1)::BIGINT AS seq,
                coalesce(bool_and(lower(k.coll) IN {P2P_COLLS})::TINYINT, -1)::TINYINT AS p2p
         FROM collectives k JOIN _kclass c ON c.name = k.kernel_name LEFT JOIN _pgs p ON p.pg_name = k.pg_name
         WHERE k.job = ? AND k.rank BETWEEN ? AND ? AND k.source = 'kernel' GROUP BY ALL
-        ORDER BY k.rank, k.start_ns, kid""", [job, lo, hi]).fetchnumpy()
+        ORDER BY k.rank, k.start_ns, kid""", [job, lo, hi])
     go, grank = _by_rank(g["rank"])
     ranks = np.unique(grank)
     cols = {k: np.asarray(g[k])[go] for k in ("start_ns", "end_ns", "corr", "hc", "stream", "kind", "kid")}
