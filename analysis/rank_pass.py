@@ -61,6 +61,21 @@ def _by_rank(rank):
     return o, rank[o]
 
 
+def _runs(sorted_ranks):
+    """The distinct values of a sorted array (np.unique without its sort)."""
+    a = np.asarray(sorted_ranks)
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if a.size else a
+
+
+def _take(a, order):
+    """A in ORDER; A itself where ORDER is the identity (a scan of rank-ordered rows)."""
+    a = np.asarray(a)
+    if order.size == a.size and (order.size == 0 or (order[0] == 0 and order[-1] == order.size - 1
+                                                     and bool(np.all(order[1:] > order[:-1])))):
+        return a
+    return a[order]
+
+
 def _fetch(con, sql, params) -> dict:
     """The columns of SQL's result as numpy arrays, through Arrow (no masked arrays; a NULL-free column is not
     copied again)."""
@@ -93,10 +108,10 @@ def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
         WHERE k.job = ? AND k.rank BETWEEN ? AND ? AND k.source = 'kernel' GROUP BY ALL
         ORDER BY k.rank, k.start_ns, kid""", [job, lo, hi])
     go, grank = _by_rank(g["rank"])
-    ranks = np.unique(grank)
-    cols = {k: np.asarray(g[k])[go] for k in ("start_ns", "end_ns", "corr", "hc", "stream", "kind", "kid")}
+    ranks = _runs(grank)
+    cols = {k: _take(g[k], go) for k in ("start_ns", "end_ns", "corr", "hc", "stream", "kind", "kid")}
     ho, hrank = _by_rank(h["rank"])
-    hcols = [np.asarray(h[k], dtype=np.int64)[ho] for k in ("correlation", "start_ns", "th")]
+    hcols = [_take(np.asarray(h[k], dtype=np.int64), ho) for k in ("correlation", "start_ns", "th")]
     crank = _i64(ck["rank"])
     ccols = [_i64(ck[k]) for k in ("start_ns", "kid", "pgid", "seq")] + [np.asarray(ck["p2p"], dtype=np.int8)]
     ga, gb = _bounds(grank, ranks)
@@ -194,7 +209,7 @@ def sweep_group(allops, io, steps, waits, matched_keys, threads):
     order: windows (win_rank, win_step, w0, w1, totals [window, ledger]) and coalesced intervals (rank, step,
     lab, start, end, kid, pgid, seq; -1 = none), and the count of comm kernels with no peer."""
     op_rank = _i64(allops["rank"])
-    ranks = np.unique(op_rank)
+    ranks = _runs(op_rank)  # sorted by rank, as read_group leaves it
     oa, ob = _bounds(op_rank, ranks)
     s, e, launch = allops["start_ns"], allops["end_ns"], allops["launch_ns"]
     fam, re_, p2p = allops["fam"], allops["re"], allops["p2p"]
