@@ -10,6 +10,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from analysis.align_kernels import dense_rank_rows, distinct_members, group_max, group_min, group_order, group_spread
+from analysis.align_kernels import string_ranks
 from analysis.intervals import i64 as _i64
 
 P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
@@ -19,10 +21,7 @@ class _Groups:
     """Group ids g (0..n_groups-1) sorted once, for the medians of several value arrays over the same groups."""
 
     def __init__(self, g, n_groups):
-        g = np.asarray(g, dtype=np.int64)
-        self.o = np.argsort(g, kind="stable")
-        self.cnt = np.bincount(g, minlength=n_groups)
-        self.edges = np.concatenate(([0], np.cumsum(self.cnt))).astype(np.int64)
+        self.o, self.cnt, self.edges = group_order(np.asarray(g, dtype=np.int64), n_groups)
         self.n = n_groups
 
     def median(self, v):
@@ -127,7 +126,6 @@ def align(con, job, ranks, host_codes=None):
     # n-th transfer is not its neighbours' n-th.
     by_seq = con.sql(f"""
         SELECT rank, start_ns, end_ns, coalesce(group_size, 0) AS gsz, lower(coll) IN {P2P_COLLS} AS p2p,
-               dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN {P2P_COLLS}) - 1 AS gid,
                nullif(pg_name, '') AS pg_name, nullif(lower(coll), '') AS coll, seq, -1::BIGINT AS ord
         FROM collectives WHERE job = ? AND source = 'kernel' AND seq IS NOT NULL AND pg_name IS NOT NULL""",
                      params=[job]).to_arrow_table()
@@ -155,8 +153,14 @@ def align(con, job, ranks, host_codes=None):
         a = t.column(k)
         return (a.fill_null(False if pa.types.is_boolean(a.type) else 0) if a.null_count else a).to_numpy()
 
-    g0 = int(np.max(col(by_seq, "gid"))) + 1 if by_seq.num_rows else 0
-    c = {k: np.concatenate([col(by_seq, k), col(by_order, k) + g0 if k == "gid" else col(by_order, k)])
+    # gid = dense_rank() OVER (ORDER BY pg_name, seq, p2p) − 1: pg_name in byte order ('' for the NULL of
+    # nullif), p2p false < true < NULL (no coll)
+    p2p_a = by_seq.column("p2p")
+    p2p3 = np.where(p2p_a.is_null().to_numpy(), 2, col(by_seq, "p2p").astype(np.int64))
+    seq_gid = dense_rank_rows([string_ranks(by_seq.column("pg_name")), col(by_seq, "seq"), p2p3])
+    g0 = int(seq_gid.max()) + 1 if by_seq.num_rows else 0
+    c = {k: np.concatenate([seq_gid if k == "gid" else col(by_seq, k),
+                            col(by_order, k) + g0 if k == "gid" else col(by_order, k)])
          for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid", "seq", "ord")}
     strs = {k: pa.concat_arrays([a for t in (by_seq, by_order) for a in t.column(k).cast(pa.string()).chunks] or
                                 [pa.array([], pa.string())]) for k in ("pg_name", "coll")}
@@ -179,9 +183,8 @@ def align(con, job, ranks, host_codes=None):
         t0 = int(e.min())
         er, sr = e - t0, s - t0
         # distinct member ranks per collective
-        pair = np.sort(gid * R + ri)
-        pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))]
-        present = np.bincount(pair // R, minlength=G)
+        go, _, gedges = group_order(gid, G)
+        present = distinct_members(go, gedges, ri, R)
         ok = present >= 2  # matched: at least two ranks saw it
         hosts = _i64(host_codes) if host_codes is not None else np.full(R, -1, dtype=np.int64)
         for _ in range(2):
@@ -195,29 +198,23 @@ def align(con, job, ranks, host_codes=None):
                 est, resid, n_m = _estimate_offsets(gid[m], ri[m], er[m], G, R)
             off, applied, reasons = _decide_offsets(est, resid, n_m, hosts, ranks_a)
             adj = er - off[ri]
-            hi_ = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
-            lo_ = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
-            np.maximum.at(hi_, gid, adj)
-            np.minimum.at(lo_, gid, adj)
+            hi_, lo_ = group_spread(gid, adj, G)
             ok = (present >= 2) & (hi_ - lo_ <= ORDER_MATCH_TOL_NS)
         rejected = int(((present >= 2) & ~ok)[gid].sum())
         p2p = np.asarray(c["p2p"], dtype=bool)
         gp2p = np.zeros(G, dtype=bool)
         gp2p[gid] = p2p
-        need = np.zeros(G, dtype=np.int64)
-        np.maximum.at(need, gid, _i64(c["gsz"]))
+        need = group_max(gid, _i64(c["gsz"]), G, 0)
         need = np.where(gp2p, 2, np.maximum(need, 2))
         acc = ((present >= need) & ok)[gid]
-        last = np.full(G, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(last, gid, sr - off[ri])
+        last = group_max(gid, sr - off[ri], G, np.iinfo(np.int64).min)
         w_end = np.minimum(er, last[gid] + off[ri]) + t0
         w = acc & (w_end > s)
         for kind, sel in (("straggler", w & ~p2p), ("bubble", w & p2p)):
             waits[kind] = (ranks_a[ri[sel]], s[sel], w_end[sel])
         matched_keys = (ranks_a[ri[acc]], s[acc])
         dur = e - s
-        mind = np.full(G, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(mind, gid, np.where(acc, dur, np.iinfo(np.int64).max))
+        mind = group_min(gid, np.where(acc, dur, np.iinfo(np.int64).max), G, np.iinfo(np.int64).max)
         _store_matches(con, job, {
             "rank": ranks_a[ri].astype(np.int32), "gid": gid, "pg_name": strs["pg_name"],
             "coll": strs["coll"], "seq": _i64(c["seq"]), "ord": _i64(c["ord"]),

@@ -1,0 +1,81 @@
+"""The alignment kernels give what the numpy / SQL they replace gives: empty input, empty groups, single
+members, p2p and NULL keys."""
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from analysis.align_kernels import (dense_rank_rows, distinct_members, group_max, group_min, group_order,
+                                    group_spread, string_ranks)
+
+I64 = np.iinfo(np.int64)
+
+
+@pytest.mark.parametrize("n,G", [(0, 0), (0, 3), (1, 1), (7, 5), (500, 40), (2000, 3)])
+def test_group_kernels_match_numpy(n, G):
+    rng = np.random.default_rng(n + G)
+    g = rng.integers(0, G, n) if G else np.zeros(0, np.int64)
+    v = rng.integers(-10 ** 12, 10 ** 12, n)
+    o, cnt, edges = group_order(g, G)
+    assert np.array_equal(o, np.argsort(g, kind="stable"))
+    assert np.array_equal(cnt, np.bincount(g, minlength=G))
+    assert np.array_equal(edges, np.concatenate(([0], np.cumsum(cnt))).astype(np.int64))
+    for init in (0, I64.min):
+        ref = np.full(G, init, np.int64)
+        np.maximum.at(ref, g, v)
+        assert np.array_equal(group_max(g, v, G, init), ref)
+    ref = np.full(G, I64.max, np.int64)
+    np.minimum.at(ref, g, v)
+    assert np.array_equal(group_min(g, v, G, I64.max), ref)
+    hi, lo = group_spread(g, v, G)
+    assert np.array_equal(lo, ref)
+    assert np.array_equal(hi, group_max(g, v, G, I64.min))
+    R = 4
+    r = rng.integers(0, R, n)
+    pair = np.sort(g * R + r)
+    pair = pair[np.concatenate(([True], pair[1:] != pair[:-1]))] if n else pair
+    assert np.array_equal(distinct_members(o, edges, r, R), np.bincount(pair // R, minlength=G))
+
+
+def test_empty_groups_keep_sentinels():
+    g = np.array([2, 2, 0], np.int64)
+    v = np.array([5, -3, 9], np.int64)
+    assert group_max(g, v, 4, I64.min).tolist() == [9, I64.min, 5, I64.min]
+    assert group_min(g, v, 4, I64.max).tolist() == [9, I64.max, -3, I64.max]
+    o, cnt, edges = group_order(g, 4)
+    assert distinct_members(o, edges, np.array([1, 1, 0]), 2).tolist() == [1, 0, 1, 0]  # one rank twice: 1
+
+
+def _sql_dense_rank(pg, seq, coll):
+    con = duckdb.connect()
+    con.register("t", pa.table({"i": pa.array(range(len(seq)), pa.int64()), "pg_name": pa.array(pg, pa.string()),
+                                "seq": pa.array(seq, pa.int64()), "coll": pa.array(coll, pa.string())}))
+    rows = con.sql("""SELECT i, lower(coll) IN ('send', 'recv') AS p2p, nullif(pg_name, '') AS pg,
+        dense_rank() OVER (ORDER BY pg_name, seq, lower(coll) IN ('send', 'recv')) - 1 AS gid FROM t ORDER BY i
+        """).to_arrow_table()
+    return rows
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_dense_rank_matches_sql(wide):
+    rng = np.random.default_rng(7)
+    n = 400
+    names = ["", "0", "10", "2", "b", "B", "é", "z", "pg:1"]
+    pg = [names[k] for k in rng.integers(0, len(names), n)]
+    seq = rng.integers(0, 6, n) * (2 ** 60 if wide else 1)  # wide: the one-key span overflows, lexsort path
+    colls = ["allreduce", "send", "Recv", None, "allgather"]
+    coll = [colls[k] for k in rng.integers(0, len(colls), n)]
+    t = _sql_dense_rank(pg, seq.tolist(), coll)
+    p2p = t.column("p2p")
+    p2p3 = np.where(p2p.is_null().to_numpy(), 2, p2p.fill_null(False).to_numpy().astype(np.int64))
+    got = dense_rank_rows([string_ranks(t.column("pg")), seq, p2p3])
+    assert got.tolist() == t.column("gid").to_pylist()
+
+
+def test_dense_rank_edge_cases():
+    assert dense_rank_rows([np.zeros(0, np.int64)]).size == 0
+    assert dense_rank_rows([np.array([5])]).tolist() == [0]
+    assert dense_rank_rows([np.array([3, 1, 3, 2]), np.array([0, 9, 0, -1])]).tolist() == [2, 0, 2, 1]
+    assert string_ranks(pa.chunked_array([], pa.string())).size == 0
+    assert string_ranks(pa.array([None, "a", ""])).tolist() == [0, 1, 0]  # NULL and '' alike
+    assert string_ranks(pa.chunked_array([["b", "a"], ["a", None]])).tolist() == [2, 1, 1, 0]
