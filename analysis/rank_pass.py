@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numba as nb
 import numpy as np
 
 from analysis.alignment import P2P_COLLS
@@ -204,6 +205,19 @@ def io_regions(con, job, lo, hi, pattern=None):
     return _i64(h["rank"]), _i64(h["start_ns"]), _i64(h["end_ns"])
 
 
+@nb.njit(cache=True, nogil=True)
+def _op_keys(o_op, base, kid, pgid, seq):
+    """The kernel, process group and sequence of each interval's op (index O_OP within the rank, whose ops start
+    at BASE; -1 = none), -1 where it has no op."""
+    n = o_op.size
+    k, p, q = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    for j in range(n):
+        if o_op[j] >= 0:
+            g = o_op[j] + base
+            k[j], p[j], q[j] = kid[g], pgid[g], seq[g]
+    return k, p, q
+
+
 def sweep_group(allops, io, steps, waits, matched_keys, threads):
     """sweep_rank over every rank of ALLOPS (sorted by rank as read_group leaves it); results joined in rank
     order: windows (win_rank, win_step, w0, w1, totals [window, ledger]) and coalesced intervals (rank, step,
@@ -246,16 +260,13 @@ def sweep_group(allops, io, steps, waits, matched_keys, threads):
         win["w0"].append(w0)
         win["w1"].append(w1)
         win["totals"].append(tot)
-        g = o_op + oa[i]
-        has = o_op >= 0
-        gc = np.where(has, g, 0)
         iv["rank"].append(np.full(o_s.size, r, np.int32))
         iv["step"].append(wid[o_w].astype(np.int32))
         iv["lab"].append(o_l)
         iv["start"].append(o_s)
         iv["end"].append(o_e)
-        for k, col in (("kid", kid), ("pgid", pgid), ("seq", seq)):
-            iv[k].append(np.where(has, col[gc], -1) if col.size else np.full(o_s.size, -1, np.int64))
+        for k, v in zip(("kid", "pgid", "seq"), _op_keys(o_op, oa[i], kid, pgid, seq)):
+            iv[k].append(v)
     dt = {"win_rank": np.int32, "win_step": np.int32, "rank": np.int32, "step": np.int32, "lab": np.int8}
     res = {"unmatched": unmatched}
     for d in (win, iv):
