@@ -52,10 +52,10 @@ def _bounds(rank, ranks):
 
 
 def _by_rank(rank):
-    """The stable order of RANK, and RANK in it (no sort when already in order; a radix sort on 16 bits)."""
+    """The stable order of RANK (None when already in order: no sort) and RANK in it; a radix sort on 16 bits."""
     rank = _i64(rank)
     if rank.size < 2 or bool(np.all(rank[1:] >= rank[:-1])):
-        return np.arange(rank.size), rank
+        return None, rank
     lo = int(rank.min())
     key = rank - lo if int(rank.max()) - lo < 65536 else rank
     o = np.argsort(key.astype(np.uint16) if key is not rank else key, kind="stable")
@@ -69,12 +69,9 @@ def _runs(sorted_ranks):
 
 
 def _take(a, order):
-    """A in ORDER; A itself where ORDER is the identity (a scan of rank-ordered rows)."""
+    """A in ORDER (_by_rank's); A itself, uncopied, where ORDER is None (rows already in rank order)."""
     a = np.asarray(a)
-    if order.size == a.size and (order.size == 0 or (order[0] == 0 and order[-1] == order.size - 1
-                                                     and bool(np.all(order[1:] > order[:-1])))):
-        return a
-    return a[order]
+    return a if order is None else a[order]
 
 
 def _fetch(con, sql, params) -> dict:
@@ -231,7 +228,7 @@ def sweep_group(allops, io, steps, waits, matched_keys, threads):
     def per_rank(rank_arr, *cols):
         o, r = _by_rank(rank_arr)
         a, b = _bounds(r, ranks)
-        return a, b, [_i64(c)[o] for c in cols]
+        return a, b, [_take(_i64(c), o) for c in cols]
     ia, ib, (io_s, io_e) = per_rank(io[0], io[1], io[2])
     sa, sb, (st_s, st_e, st_id) = per_rank(steps["rank"], steps["start_ns"], steps["end_ns"], steps["step"])
     wsa, wsb, (ws_s, ws_e) = per_rank(waits["straggler"][0], waits["straggler"][1], waits["straggler"][2])
