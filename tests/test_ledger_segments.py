@@ -74,7 +74,8 @@ def test_an_older_store_without_drilldown_keys_moves_too(store):
 
 
 def test_named_rows_take_the_next_codes_of_a_job(store):
-    """insert_named_intervals (used by the move of an earlier store) gives a job's new names codes after its existing ones."""
+    """insert_named_intervals (used by the move of an earlier store) gives a job's new names the codes after
+    its existing ones."""
     top = store.execute("SELECT max(code) FROM ledger_names WHERE job = 'dp' AND kind = 'op'").fetchone()[0]
     store.execute("""CREATE TEMP TABLE _new AS SELECT 'dp' AS job, 0 AS rank, 99 AS step, 'idle' AS ledger,
                      1::BIGINT AS start_ns, 2::BIGINT AS end_ns, 'a_new_kernel' AS op_name, NULL AS pg_name,
