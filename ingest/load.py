@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 
 from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.depths import interval_depths
 from ingest.host_colls import insert_host_collectives
 from ingest.registry import loader_for
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
@@ -361,29 +362,28 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                {_arg_int('bytes')}, args
         FROM _x WHERE cat IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')""", [job, rank])
 
-    # host side: every other complete event. Depth on a thread = intervals open at its start. The window runs
-    # over an integer number per (pid, tid) thread, not the two strings (the same partitions, sorted faster).
-    con.execute(f"""INSERT INTO host_ops
-        WITH h AS (
-            SELECT * FROM _x WHERE cat NOT IN ({", ".join(f"'{c}'" for c in GPU_CATS)}, 'cuda_sync')
-        ), th AS (
-            SELECT pid, tid, row_number() OVER () AS th FROM (SELECT DISTINCT pid, tid FROM h)
-        ), hh AS (
-            SELECT h.ord, th.th, h.start_ns, h.end_ns FROM h
-            JOIN th ON h.pid IS NOT DISTINCT FROM th.pid AND h.tid IS NOT DISTINCT FROM th.tid
-        ), pts AS (
-            SELECT ord, th, start_ns AS t, 1 AS d, end_ns AS e FROM hh
-            UNION ALL SELECT NULL, th, end_ns, -1, end_ns FROM hh
-        ), run AS (
-            SELECT ord, sum(d) OVER (PARTITION BY th ORDER BY t, d, e DESC
-                                     ROWS UNBOUNDED PRECEDING) - 1 AS depth FROM pts
-        )
-        SELECT ?, ?, h.pid, h.tid, h.cat, h.name, h.start_ns, h.end_ns,
-               {_arg_int('External id', 'h.a')}, {_arg_int('correlation', 'h.a')},
-               CAST(run.depth AS INTEGER),
-               -- runtime/driver args hold only cbid and the ids already in their own columns
-               CASE WHEN h.cat IN ('cuda_runtime', 'cuda_driver') THEN NULL ELSE h.args END
-        FROM h JOIN run ON run.ord = h.ord""", [job, rank])
+    # host side: every other complete event, with its depth on its thread (ingest.depths: intervals open at its
+    # start). Threads are numbered per distinct (pid, tid) pair, NULLs alike, so the sort runs over integers.
+    gpu_list = ", ".join(f"'{c}'" for c in GPU_CATS)
+    host = f"cat NOT IN ({gpu_list}, 'cuda_sync')"
+    hs = con.execute(f"""
+        WITH h AS (SELECT ord, pid, tid, start_ns, end_ns FROM _x WHERE {host}),
+        th AS (SELECT pid, tid, row_number() OVER () AS th FROM (SELECT DISTINCT pid, tid FROM h))
+        SELECT h.ord, th.th, h.start_ns, h.end_ns FROM h
+        JOIN th ON h.pid IS NOT DISTINCT FROM th.pid AND h.tid IS NOT DISTINCT FROM th.tid""").fetchnumpy()
+    import pyarrow as pa
+    con.register("_hdepth", pa.table({"ord": pa.array(hs["ord"], pa.int64()), "depth": pa.array(
+        interval_depths(hs["th"], hs["start_ns"], hs["end_ns"], hs["ord"]).astype("int32"), pa.int32())}))
+    del hs
+    try:
+        con.execute(f"""INSERT INTO host_ops
+            SELECT ?, ?, h.pid, h.tid, h.cat, h.name, h.start_ns, h.end_ns,
+                   {_arg_int('External id', 'h.a')}, {_arg_int('correlation', 'h.a')}, d.depth,
+                   -- runtime/driver args hold only cbid and the ids already in their own columns
+                   CASE WHEN h.cat IN ('cuda_runtime', 'cuda_driver') THEN NULL ELSE h.args END
+            FROM _x h JOIN _hdepth d ON d.ord = h.ord""", [job, rank])
+    finally:
+        con.unregister("_hdepth")
 
     con.execute("""INSERT INTO steps
         SELECT ?, ?, CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS INTEGER) AS step,
