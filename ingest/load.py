@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, ns_sql, read_events, rank_from_meta_or_name, sniff_kineto
 from ingest.depths import interval_depths
 from ingest.host_colls import insert_host_collectives
 from ingest.registry import loader_for
@@ -138,8 +138,8 @@ def discover(paths: list[str | Path], skipped: list | None = None) -> list[tuple
     return out
 
 
-def _ns(col: str, base: int) -> str:
-    return f"(CAST({col} * 1000 AS BIGINT) + {int(base)})"
+def _ns(col: str, base: int, exact: bool) -> str:
+    return f"({ns_sql(col, exact)} + {int(base)})"
 
 
 def _cat_sql() -> str:
@@ -334,11 +334,12 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
         diags.append(("kineto", "no_base_time", 1, "relative ts with no baseTimeNanoseconds: ranks cannot be "
                       "aligned by wall clock; alignment falls back to collectives"))
 
+    ex = km.exact_ts
     con.execute("DROP TABLE IF EXISTS _x")
     con.execute(f"""CREATE TEMP TABLE _x AS
         SELECT ord, {_cat_sql()} AS cat, name, pid, tid,
-               {_ns('ts', base)} AS start_ns,
-               {_ns('ts', base)} + greatest(CAST(coalesce(dur, 0) * 1000 AS BIGINT), 0) AS end_ns,
+               {_ns('ts', base, ex)} AS start_ns,
+               {_ns('ts', base, ex)} + greatest({ns_sql('coalesce(dur, 0)', ex)}, 0) AS end_ns,
                dur, args, json_transform(args, '{ARG_SPEC}') AS a
         FROM _ev WHERE ph = 'X' AND ts IS NOT NULL""")
     neg = con.execute("SELECT count(*), any_value(name) FROM _x WHERE dur < 0").fetchone()
@@ -393,12 +394,12 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
 
     flow_list = ", ".join(f"'{c}'" for c in FLOW_CATS)
     con.execute(f"""INSERT INTO flows
-        SELECT ?, ?, lower(cat), TRY_CAST(id AS BIGINT), ph, {_ns('ts', base)}
+        SELECT ?, ?, lower(cat), TRY_CAST(id AS BIGINT), ph, {_ns('ts', base, ex)}
         FROM _ev WHERE ph IN ('s', 'f', 't') AND lower(coalesce(cat, '')) IN ({flow_list})""", [job, rank])
 
     # profile_memory=True: allocator instant events; bytes > 0 allocate, < 0 free
     con.execute(f"""INSERT INTO memory_events
-        SELECT ?, ?, {_ns('ts', base)}, TRY_CAST(m."Device Type" AS INTEGER), TRY_CAST(m."Device Id" AS INTEGER),
+        SELECT ?, ?, {_ns('ts', base, ex)}, TRY_CAST(m."Device Type" AS INTEGER), TRY_CAST(m."Device Id" AS INTEGER),
                TRY_CAST(m."Addr" AS BIGINT), TRY_CAST(m."Bytes" AS BIGINT), TRY_CAST(m."Total Allocated" AS BIGINT),
                TRY_CAST(m."Total Reserved" AS BIGINT)
         FROM (SELECT ts, json_transform(args, '{MEM_SPEC}') AS m FROM _ev

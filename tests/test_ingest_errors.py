@@ -35,6 +35,24 @@ def test_exact_ns_for_absolute_epoch_microseconds(db, tmp_path):
     assert db.execute("SELECT time_mode FROM traces").fetchone()[0] == "absolute_us"
 
 
+@pytest.mark.parametrize("ts, dur", [
+    ("1099511627775.999", "0.001"),        # just below 2^40 µs: read as a double, rounded to the exact ns
+    ("999999999999.999", "123456789.987"),
+    ("1099511627776.001", "0.001"),        # 2^40 µs and past it: read again as DECIMAL
+    ("4503599627370497.001", "2.999"),     # past 2^52: a double would lose even the µs
+])
+def test_exact_ns_for_relative_times_either_side_of_the_double_limit(db, tmp_path, ts, dur):
+    p = tmp_path / "rank-0.json"
+    base = 1735689600000000000
+    p.write_text(f'{{"baseTimeNanoseconds": {base}, "traceEvents": [{{"ph": "X", "cat": "kernel", "name": "k", '
+                 f'"pid": 0, "tid": 7, "ts": {ts}, "dur": {dur}}}, {{"ph": "X", "cat": "cpu_op", "name": "h", '
+                 f'"pid": 0, "tid": 1, "ts": 0.001, "dur": 0.002}}]}}')
+    assert load_kineto(db, p, "j", rank=0).status == "stored"
+    want = base + int(ts.replace(".", ""))
+    assert db.execute("SELECT start_ns, end_ns FROM gpu_ops").fetchone() == (want, want + int(dur.replace(".", "")))
+    assert db.execute("SELECT start_ns, end_ns FROM host_ops").fetchone() == (base + 1, base + 3)
+
+
 def test_relative_ts_adds_base(db, tmp_path):
     p = tmp_path / "t.json"
     p.write_text(_trace(rank=1))
