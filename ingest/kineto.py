@@ -394,6 +394,12 @@ FAST_EVENT_COLUMNS = EVENT_COLUMNS.replace("DECIMAL(24,3)", "DOUBLE")
 FAST_TS_LIMIT = 2 ** 40   # µs: below it round(ts * 1000) of the double is the exact ns
 
 
+def cat_sql() -> str:
+    """SQL for an event's category in today's lower-case names (legacy capitalised ones mapped)."""
+    cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in LEGACY_CATS.items())
+    return f"CASE lower(coalesce(cat, '')) {cases} ELSE lower(coalesce(cat, '')) END"
+
+
 def ns_sql(col: str, exact: bool) -> str:
     """SQL for the integer ns of a µs column read as DECIMAL(24,3) (EXACT) or DOUBLE."""
     return f"CAST({col} * 1000 AS BIGINT)" if exact else f"CAST(round({col} * 1000) AS BIGINT)"
@@ -442,9 +448,15 @@ def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
         km.exact_ts = km.exact_ts or not isinstance(km.meta.get("baseTimeNanoseconds"), int)
         # Several chunk files parse in parallel; insertion order (file order, then row order) is kept,
         # so the table's rowid is the event's position in the document.
+        # each event's category (today's names), start and end in integer ns are computed here, in the
+        # parallel parse, once: every table built from the events reads them
+        base = km.meta.get("baseTimeNanoseconds")
+        base = base if isinstance(base, int) else 0
+        start = f"({ns_sql('ts', km.exact_ts)} + {base})"
         con.execute(
-            f"CREATE OR REPLACE {'TEMP ' if temp else ''}TABLE {table} AS SELECT * FROM read_json(?, format='array', "
-            f"maximum_object_size={MAX_EVENT_BYTES}, "
+            f"CREATE OR REPLACE {'TEMP ' if temp else ''}TABLE {table} AS SELECT *, {cat_sql()} AS xcat, "
+            f"{start} AS start_ns, {start} + greatest({ns_sql('coalesce(dur, 0)', km.exact_ts)}, 0) AS end_ns "
+            f"FROM read_json(?, format='array', maximum_object_size={MAX_EVENT_BYTES}, "
             f"columns={EVENT_COLUMNS if km.exact_ts else FAST_EVENT_COLUMNS})",
             [files],
         )

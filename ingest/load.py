@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, LEGACY_CATS, ns_sql, read_events, rank_from_meta_or_name, sniff_kineto
+from ingest.kineto import bind_events, drop_events, DTYPE_BYTES, FLOW_CATS, GPU_CATS, read_events, rank_from_meta_or_name, sniff_kineto
 from ingest.depths import interval_depths
 from ingest.host_colls import insert_host_collectives
 from ingest.registry import loader_for
@@ -138,21 +138,13 @@ def discover(paths: list[str | Path], skipped: list | None = None) -> list[tuple
     return out
 
 
-def _ns(col: str, base: int, exact: bool) -> str:
-    return f"({ns_sql(col, exact)} + {int(base)})"
-
-
-def _cat_sql() -> str:
-    cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in LEGACY_CATS.items())
-    return f"CASE lower(coalesce(cat, '')) {cases} ELSE lower(coalesce(cat, '')) END"
-
-
 # The args keys the canonical columns come from. Each event's args are parsed once, into a struct
 # of these (as text, exactly what json_extract_string gives), instead of once per extracted column.
 ARG_KEYS = ("device", "stream", "correlation", "External id", "bytes", "Process Group Name",
             "Process Group Description", "Process Group Ranks", "Seq", "Collective name", "In msg nelems",
             "Out msg nelems", "dtype", "Group size")
 ARG_SPEC = json.dumps({k: "VARCHAR" for k in ARG_KEYS}).replace("'", "''")
+HOST_SPEC = json.dumps({k: "VARCHAR" for k in ("External id", "correlation")})   # all a host op's columns need
 
 
 MEM_SPEC = json.dumps({k: "VARCHAR" for k in ("Device Type", "Device Id", "Addr", "Bytes", "Total Allocated",
@@ -285,6 +277,7 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         msg = "salvaged (file was truncated)" if km.salvaged else ""
         return LoadResult(str(path), job, rank, "stored", msg, counts)
     finally:
+        con.execute("DROP VIEW IF EXISTS _xv")
         drop_events(con, table)
         con.execute("DROP TABLE IF EXISTS _x")
         if prepared is None:
@@ -334,15 +327,16 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
         diags.append(("kineto", "no_base_time", 1, "relative ts with no baseTimeNanoseconds: ranks cannot be "
                       "aligned by wall clock; alignment falls back to collectives"))
 
-    ex = km.exact_ts
+    # _xv: every complete event with its category, ns times and raw args (a view: read where it is used);
+    # _x: the ones whose args columns come from many keys (GPU activity, record_param_comms), args parsed once
+    gpu_list = ", ".join(f"'{c}'" for c in GPU_CATS)
     con.execute("DROP TABLE IF EXISTS _x")
-    con.execute(f"""CREATE TEMP TABLE _x AS
-        SELECT ord, {_cat_sql()} AS cat, name, pid, tid,
-               {_ns('ts', base, ex)} AS start_ns,
-               {_ns('ts', base, ex)} + greatest({ns_sql('coalesce(dur, 0)', ex)}, 0) AS end_ns,
-               dur, args, json_transform(args, '{ARG_SPEC}') AS a
+    con.execute(f"""CREATE OR REPLACE TEMP VIEW _xv AS
+        SELECT ord, xcat AS cat, name, pid, tid, start_ns, end_ns, dur, args
         FROM _ev WHERE ph = 'X' AND ts IS NOT NULL""")
-    neg = con.execute("SELECT count(*), any_value(name) FROM _x WHERE dur < 0").fetchone()
+    con.execute(f"""CREATE TEMP TABLE _x AS SELECT *, json_transform(args, '{ARG_SPEC}') AS a FROM _xv
+        WHERE cat IN ({gpu_list}, 'cuda_sync') OR name = 'record_param_comms'""")
+    neg = con.execute("SELECT count(*), any_value(name) FROM _xv WHERE dur < 0").fetchone()
     if neg[0]:
         diags.append(("kineto", "negative_duration", neg[0], f"{neg[1]} (clamped to 0)"))
     neg_ts = con.execute("SELECT count(*), any_value(name) FROM _ev WHERE ph = 'X' AND ts < 0").fetchone()
@@ -365,10 +359,9 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
 
     # host side: every other complete event, with its depth on its thread (ingest.depths: intervals open at its
     # start). Threads are numbered per distinct (pid, tid) pair, NULLs alike, so the sort runs over integers.
-    gpu_list = ", ".join(f"'{c}'" for c in GPU_CATS)
     host = f"cat NOT IN ({gpu_list}, 'cuda_sync')"
     hs = con.execute(f"""
-        WITH h AS (SELECT ord, pid, tid, start_ns, end_ns FROM _x WHERE {host}),
+        WITH h AS (SELECT ord, pid, tid, start_ns, end_ns FROM _xv WHERE {host}),
         th AS (SELECT pid, tid, row_number() OVER () AS th FROM (SELECT DISTINCT pid, tid FROM h))
         SELECT h.ord, th.th, h.start_ns, h.end_ns FROM h
         JOIN th ON h.pid IS NOT DISTINCT FROM th.pid AND h.tid IS NOT DISTINCT FROM th.tid""").fetchnumpy()
@@ -382,27 +375,28 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
                    {_arg_int('External id', 'h.a')}, {_arg_int('correlation', 'h.a')}, d.depth,
                    -- runtime/driver args hold only cbid and the ids already in their own columns
                    CASE WHEN h.cat IN ('cuda_runtime', 'cuda_driver') THEN NULL ELSE h.args END
-            FROM _x h JOIN _hdepth d ON d.ord = h.ord""", [job, rank])
+            FROM (SELECT *, json_transform(args, '{HOST_SPEC}') AS a FROM _xv WHERE {host}) h
+            JOIN _hdepth d ON d.ord = h.ord""", [job, rank])
     finally:
         con.unregister("_hdepth")
 
     con.execute("""INSERT INTO steps
         SELECT ?, ?, CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS INTEGER) AS step,
                min(start_ns), max(end_ns)
-        FROM _x WHERE regexp_matches(name, '^ProfilerStep#\\d+$') AND cat IN ('user_annotation', 'cpu_op')
+        FROM _xv WHERE regexp_matches(name, '^ProfilerStep#\\d+$') AND cat IN ('user_annotation', 'cpu_op')
         GROUP BY step ORDER BY step""", [job, rank])
 
     flow_list = ", ".join(f"'{c}'" for c in FLOW_CATS)
     con.execute(f"""INSERT INTO flows
-        SELECT ?, ?, lower(cat), TRY_CAST(id AS BIGINT), ph, {_ns('ts', base, ex)}
-        FROM _ev WHERE ph IN ('s', 'f', 't') AND lower(coalesce(cat, '')) IN ({flow_list})""", [job, rank])
+        SELECT ?, ?, xcat, TRY_CAST(id AS BIGINT), ph, start_ns
+        FROM _ev WHERE ph IN ('s', 'f', 't') AND xcat IN ({flow_list})""", [job, rank])   # lower(cat): no flow cat is legacy
 
     # profile_memory=True: allocator instant events; bytes > 0 allocate, < 0 free
     con.execute(f"""INSERT INTO memory_events
-        SELECT ?, ?, {_ns('ts', base, ex)}, TRY_CAST(m."Device Type" AS INTEGER), TRY_CAST(m."Device Id" AS INTEGER),
+        SELECT ?, ?, start_ns, TRY_CAST(m."Device Type" AS INTEGER), TRY_CAST(m."Device Id" AS INTEGER),
                TRY_CAST(m."Addr" AS BIGINT), TRY_CAST(m."Bytes" AS BIGINT), TRY_CAST(m."Total Allocated" AS BIGINT),
                TRY_CAST(m."Total Reserved" AS BIGINT)
-        FROM (SELECT ts, json_transform(args, '{MEM_SPEC}') AS m FROM _ev
+        FROM (SELECT start_ns, json_transform(args, '{MEM_SPEC}') AS m FROM _ev
               WHERE ph = 'i' AND name = '[memory]' AND ts IS NOT NULL)""", [job, rank])
 
     dtype_case = " ".join(f"WHEN '{k}' THEN {v}" for k, v in DTYPE_BYTES.items())
@@ -470,7 +464,7 @@ def _insert(con, path, job, rank, meta, km, digest) -> dict:
     if km.salvaged:
         n = con.execute("SELECT count(*) FROM _ev").fetchone()[0]
         diags.append(("kineto", "salvaged_truncated", n, f"file cut at byte {km.cut_at}; kept {n} complete events"))
-    other = con.execute("""SELECT cat, count(*), any_value(name) FROM _x
+    other = con.execute("""SELECT cat, count(*), any_value(name) FROM _xv
         WHERE cat NOT IN ('kernel','gpu_memcpy','gpu_memset','cuda_sync','cpu_op','user_annotation',
                           'gpu_user_annotation','cuda_runtime','cuda_driver','python_function','trace',
                           'cpu_instant_event','overhead','mtia_ccp_events','mtia_runtime','cuda_profiler_range',
