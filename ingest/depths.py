@@ -19,20 +19,22 @@ import numpy as np
 def interval_depths(th, start, end, ord_) -> np.ndarray:
     """Per row (in the order given), the depth of interval [START, END) on thread TH (int64 arrays)."""
     th, start, end, ord_ = (np.asarray(a, dtype=np.int64) for a in (th, start, end, ord_))
+    depth = np.empty(th.size, np.int64)
+    by_start = np.lexsort((ord_, -end, start, th))
+    depth[by_start] = sorted_depths(th[by_start], start[by_start], end[by_start])
+    return depth
+
+
+def sorted_depths(th, start, end) -> np.ndarray:
+    """interval_depths of rows already ordered by (thread, start, end descending, ord): the depths in that order.
+    Needs only a sorted copy of each thread's ends beside the input (ingest sorts in SQL, within DuckDB's memory
+    limit, and hands the sorted columns over)."""
+    th, start, end = (np.asarray(a) for a in (th, start, end))
     n = th.size
     depth = np.empty(n, np.int64)
-    if not n:
-        return depth
-    by_start = np.lexsort((ord_, -end, start, th))
-    by_end = np.lexsort((end, th))
-    ts, ss = th[by_start], start[by_start]
-    es = end[by_end]          # th[by_end] is ts: both are the thread column sorted
-    cut = np.flatnonzero(ts[1:] != ts[:-1]) + 1
-    lo = np.concatenate(([0], cut))
-    hi = np.concatenate((cut, [n]))
-    sorted_depth = np.empty(n, np.int64)
-    for a, b in zip(lo.tolist(), hi.tolist()):
-        closed = np.searchsorted(es[a:b], ss[a:b], side="right")     # ends at or before each start
-        sorted_depth[a:b] = np.arange(b - a) - closed
-    depth[by_start] = sorted_depth
+    cut = np.flatnonzero(th[1:] != th[:-1]) + 1
+    for a, b in zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [n])).tolist()):
+        d = depth[a:b]
+        d[:] = np.searchsorted(np.sort(end[a:b]), start[a:b], side="right")     # ends at or before each start
+        np.subtract(np.arange(b - a), d, out=d)
     return depth
