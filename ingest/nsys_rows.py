@@ -166,8 +166,10 @@ def _call_depths(con, api: pa.Table, base: int) -> pa.Array:
         last = np.append(first[1:], len(bg))
         ti = np.minimum(np.searchsorted(threads, g), len(threads) - 1)
         mine = np.flatnonzero(threads[ti] == g)           # calls on a thread with NVTX ranges
-        order = mine[np.argsort(ti[mine], kind="stable")]   # those calls grouped by thread
-        groups = np.split(order, np.cumsum(np.bincount(ti[mine], minlength=len(threads)))[:-1])
+        tm = ti[mine]
+        # those calls grouped by thread (a stable radix sort when the thread index fits 16 bits)
+        order = mine[np.argsort(tm.astype(np.uint16) if len(threads) <= 65536 else tm, kind="stable")]
+        groups = np.split(order, np.cumsum(np.bincount(tm, minlength=len(threads)))[:-1])
         for i, rows in enumerate(groups):
             k = np.searchsorted(bt[first[i]:last[i]], start[rows], side="right")   # boundaries at or before
             depth[rows] = np.where(k > 0, bo[first[i] + np.maximum(k, 1) - 1], 0)
