@@ -400,9 +400,19 @@ def cat_sql() -> str:
     return f"CASE lower(coalesce(cat, '')) {cases} ELSE lower(coalesce(cat, '')) END"
 
 
-def ns_sql(col: str, exact: bool) -> str:
-    """SQL for the integer ns of a µs column read as DECIMAL(24,3) (EXACT) or DOUBLE."""
-    return f"CAST({col} * 1000 AS BIGINT)" if exact else f"CAST(round({col} * 1000) AS BIGINT)"
+def ns_sql(exact: bool, base: int) -> tuple[str, str]:
+    """SQL for an event's start and end in integer ns from ts/dur in µs read as DECIMAL(24,3) (EXACT) or
+    DOUBLE, plus BASE ns. NULL, never an error, where they would not fit a BIGINT (or, for DOUBLE, where
+    |ts| or |dur| reaches FAST_TS_LIMIT: read_events then reads the file again the exact way)."""
+    if exact:   # ts has three decimals: ts * 1000 is a whole number, exactly; the sum is exact in DECIMAL
+        return (f"TRY_CAST(ts * 1000 + {base} AS BIGINT)",
+                f"TRY_CAST((ts + greatest(coalesce(dur, 0), 0)) * 1000 + {base} AS BIGINT)")
+    start = f"CASE WHEN abs(ts) < {FAST_TS_LIMIT} THEN CAST(round(ts * 1000) AS BIGINT) + {base} END"
+    return start, (f"{start} + CASE WHEN abs(coalesce(dur, 0)) < {FAST_TS_LIMIT} "
+                   f"THEN greatest(CAST(round(coalesce(dur, 0) * 1000) AS BIGINT), 0) END")
+
+
+BASE_LIMIT = 2 ** 62    # ns: a baseTimeNanoseconds beyond it is no time (2116 CE); below it no sum can overflow
 
 
 def drop_events(con, table: str = "_evr") -> None:
@@ -452,10 +462,12 @@ def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
         # parallel parse, once: every table built from the events reads them
         base = km.meta.get("baseTimeNanoseconds")
         base = base if isinstance(base, int) else 0
-        start = f"({ns_sql('ts', km.exact_ts)} + {base})"
+        if not -BASE_LIMIT < base < BASE_LIMIT:
+            raise TraceFormatError(path, None, f"baseTimeNanoseconds {base} is out of range (|base| < 2^62 ns)")
+        start, end = ns_sql(km.exact_ts, base)
         con.execute(
             f"CREATE OR REPLACE {'TEMP ' if temp else ''}TABLE {table} AS SELECT *, {cat_sql()} AS xcat, "
-            f"{start} AS start_ns, {start} + greatest({ns_sql('coalesce(dur, 0)', km.exact_ts)}, 0) AS end_ns "
+            f"{start} AS start_ns, {end} AS end_ns "
             f"FROM read_json(?, format='array', maximum_object_size={MAX_EVENT_BYTES}, "
             f"columns={EVENT_COLUMNS if km.exact_ts else FAST_EVENT_COLUMNS})",
             [files],
@@ -465,6 +477,11 @@ def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
             if big:         # a time a double cannot carry to the ns: the exact way
                 km.exact_ts = True
                 return read_events(con, km, path, table)
+        bad = con.execute(f"SELECT any_value(ts), any_value(dur) FROM {table} WHERE ts IS NOT NULL "
+                          "AND (start_ns IS NULL OR end_ns IS NULL)").fetchone()
+        if bad[0] is not None:
+            raise TraceFormatError(path, None, f"an event's time is out of range: ts {bad[0]} us, dur {bad[1]} us "
+                                   "do not fit 64-bit integer nanoseconds")
         if temp:
             bind_events(con)
     except duckdb.InvalidInputException as e:  # a parse error; memory and I/O errors pass through

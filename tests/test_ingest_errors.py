@@ -53,6 +53,22 @@ def test_exact_ns_for_relative_times_either_side_of_the_double_limit(db, tmp_pat
     assert db.execute("SELECT start_ns, end_ns FROM host_ops").fetchone() == (base + 1, base + 3)
 
 
+@pytest.mark.parametrize("head, ts", [
+    ('"baseTimeNanoseconds": 1735689600000000000, ', "2.01e49"),     # no DECIMAL(24,3) holds it
+    ('"baseTimeNanoseconds": 1735689600000000000, ', "9300000000000000.5"),   # fits the decimal, not int64 ns
+    ("", "9300000000000000"),                                        # absolute µs past 2262 CE
+    ('"baseTimeNanoseconds": 9223372036854775807, ', "1.0"),        # a base no sum fits beside
+])
+def test_times_out_of_range_fail_in_one_line_and_store_nothing(db, tmp_path, head, ts):
+    p = tmp_path / "rank-0.json"
+    p.write_text(f'{{{head}"traceEvents": [{{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, '
+                 f'"ts": {ts}, "dur": 1.0}}]}}')
+    with pytest.raises(TraceFormatError) as e:
+        load_kineto(db, p, "j", rank=0)
+    assert "rank-0.json" in str(e.value) and "range" in str(e.value) and "\n" not in str(e.value)
+    assert db.execute("SELECT count(*) FROM gpu_ops").fetchone()[0] == 0
+
+
 def test_relative_ts_adds_base(db, tmp_path):
     p = tmp_path / "t.json"
     p.write_text(_trace(rank=1))
