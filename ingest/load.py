@@ -73,9 +73,11 @@ def _stored_rank(con, job: str, digest: str):
 
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
+    buf = bytearray(1 << 20)        # reused: no fresh large buffer mapped in per read
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while k := f.readinto(buf):
+            h.update(view[:k])
     return h.hexdigest()
 
 
