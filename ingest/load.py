@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import threading
 import time
 import zlib
@@ -516,8 +517,21 @@ def _resource_error(con, path, e) -> str:
     return f"{path}: I/O error while ingesting ({first})"
 
 
-def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None) -> list[LoadResult]:
-    """Ingest every file; a failing file is reported and does not stop the others."""
+def default_jobs() -> int:
+    """Files parsed side by side by default: the core count, at most 4 (each parse already uses every core
+    DuckDB has; more in flight only holds more parsed files in memory)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None,
+                 jobs: int | None = None) -> list[LoadResult]:
+    """Ingest every file; a failing file is reported and does not stop the others.
+
+    jobs: small Kineto files parsed ahead side by side while the previous one is written (default
+    default_jobs(); 1 parses each file in turn). Each file is still its own transaction, in order."""
+    jobs = default_jobs() if jobs is None else int(jobs)
+    if jobs < 1:
+        raise NinefoldError(f"--jobs must be at least 1, not {jobs}")
     results = []
     side: list = []
     files = discover(paths, skipped=side)
@@ -526,7 +540,7 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
         if on_result:
             on_result(results[-1])
     loaders = [loader_for(f) for f, _ in files]
-    # Small Kineto files are hashed and parsed two at a time on cursors of their own (both cores) while
+    # Small Kineto files are hashed and parsed JOBS at a time on cursors of their own (all cores) while
     # this thread writes the previous one; each file is still its own transaction, in order.
     small = [ld is None and f.exists() and f.stat().st_size <= PREFETCH_MAX_BYTES for (f, _), ld in zip(files, loaders)]
     futures: dict = {}
@@ -538,14 +552,14 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
     if len(files) > 1:
         threshold = con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
         con.execute(f"SET checkpoint_threshold = '{RUN_CHECKPOINT_THRESHOLD}'")
-    if sum(small) > 1:
+    if sum(small) > 1 and jobs > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SCRATCH}")
-        pool = ThreadPoolExecutor(max_workers=2)
+        pool = ThreadPoolExecutor(max_workers=jobs)
 
     def ahead(i):
-        for k in range(i, min(i + 3, len(files))):
+        for k in range(i, min(i + jobs + 1, len(files))):
             if small[k] and k not in futures:
                 futures[k] = pool.submit(prepare_kineto, con, files[k][0], salvage, k)
 

@@ -69,7 +69,10 @@ def cli():
 @click.option("--replace", is_flag=True, help="overwrite a rank already stored from another file")
 @click.option("--salvage", is_flag=True, help="keep the complete events of a truncated file")
 @click.option("--quiet", is_flag=True, help="print only failures and the closing count (no line per file, no bar)")
-def ingest(paths, db, job, rank, replace, salvage, quiet):
+@click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="files parsed side by side while the previous one is written (default: the core count, at "
+                   "most 4; 1 = one file at a time); each file is still one transaction, in order")
+def ingest(paths, db, job, rank, replace, salvage, quiet, jobs):
     """Ingest trace files (or directories of per-rank files) into DB. On a terminal a progress bar counts the
     files (failures and skips are printed above it); otherwise one line per file."""
     from ingest.load import discover, ingest_paths
@@ -109,7 +112,7 @@ def ingest(paths, db, job, rank, replace, salvage, quiet):
 
     try:
         results = ingest_paths(con, list(paths), job=job, rank=rank, replace=replace, salvage=salvage,
-                               on_result=show)
+                               on_result=show, jobs=jobs)
     except NinefoldError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
