@@ -416,6 +416,12 @@ def ns_sql(exact: bool, base: int) -> tuple[str, str]:
                    f"THEN greatest(CAST(round(coalesce(dur, 0) * 1000) AS BIGINT), 0) END")
 
 
+def base_ns(meta: dict) -> int | None:
+    """The trace's baseTimeNanoseconds when it has one (its ts are then relative to it), else None."""
+    b = meta.get("baseTimeNanoseconds")
+    return b if isinstance(b, int) else None
+
+
 BASE_LIMIT = 2 ** 62    # ns: a baseTimeNanoseconds beyond it is no time (2116 CE); below it no sum can overflow
 
 
@@ -459,16 +465,15 @@ def read_events(con, km: KinetoMeta, path: Path, table: str = "_evr") -> None:
         drop_events(con)
     try:
         files = [c[0] for c in km.chunks] or [km.slice_path]
-        km.exact_ts = km.exact_ts or not isinstance(km.meta.get("baseTimeNanoseconds"), int)
-        # Several chunk files parse in parallel; insertion order (file order, then row order) is kept,
-        # so the table's rowid is the event's position in the document.
-        # each event's category (today's names), start and end in integer ns are computed here, in the
-        # parallel parse, once: every table built from the events reads them
-        base = km.meta.get("baseTimeNanoseconds")
-        base = base if isinstance(base, int) else 0
+        base = base_ns(km.meta)
+        km.exact_ts = km.exact_ts or base is None
+        base = base or 0
         if not -BASE_LIMIT < base < BASE_LIMIT:
             raise TraceFormatError(path, None, f"baseTimeNanoseconds {base} is out of range (|base| < 2^62 ns)")
         start, end = ns_sql(km.exact_ts, base)
+        # Several chunk files parse in parallel; insertion order (file order, then row order) is kept, so the
+        # table's rowid is the event's position in the document. Each event's category (today's names), start
+        # and end in integer ns are computed here, in the parallel parse, once: every stored table reads them.
         con.execute(
             f"CREATE OR REPLACE {'TEMP ' if temp else ''}TABLE {table} AS SELECT *, {cat_sql()} AS xcat, "
             f"{start} AS start_ns, {end} AS end_ns "

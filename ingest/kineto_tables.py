@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ingest.depths import sorted_depths
 from ingest.host_colls import insert_host_collectives
-from ingest.kineto import DTYPE_BYTES, FLOW_CATS, GPU_CATS
+from ingest.kineto import DTYPE_BYTES, FLOW_CATS, GPU_CATS, base_ns
 from store.schema import PER_TRACE
 
 # The args keys the canonical columns come from. Each event's args are parsed once, into a struct
@@ -42,9 +42,9 @@ def insert_tables(con, path, job, rank, meta, km, digest) -> dict:
     con.execute("DELETE FROM traces WHERE job = ? AND rank = ?", [job, rank])
     diags: list[tuple[str, str, int, str]] = []
 
-    base = meta.get("baseTimeNanoseconds")
+    base = base_ns(meta)
     max_ts = con.execute("SELECT max(ts) FROM _ev WHERE ph = 'X'").fetchone()[0]
-    if isinstance(base, int):
+    if base is not None:
         time_mode = "relative_base"
     elif max_ts is not None and max_ts > 10**14:
         # before 2024-03 Kineto wrote absolute Unix-epoch integer microseconds
@@ -55,13 +55,13 @@ def insert_tables(con, path, job, rank, meta, km, digest) -> dict:
                       "aligned by wall clock; alignment falls back to collectives"))
 
     # _xv: every complete event with its category, ns times and raw args (a view: read where it is used);
-    # _x: the ones whose args columns come from many keys (GPU activity, record_param_comms), args parsed once
+    # _x: the ones whose args columns come from many keys (GPU activity, record_param_comms), args parsed once.
+    # Both are dropped before returning; on an error the caller's ROLLBACK removes them.
     gpu_list = ", ".join(f"'{c}'" for c in GPU_CATS)
-    con.execute("DROP TABLE IF EXISTS _x")
     con.execute("""CREATE OR REPLACE TEMP VIEW _xv AS
         SELECT ord, xcat AS cat, name, pid, tid, start_ns, end_ns, dur, args
         FROM _ev WHERE ph = 'X' AND ts IS NOT NULL""")
-    con.execute(f"""CREATE TEMP TABLE _x AS SELECT *, json_transform(args, '{ARG_SPEC}') AS a FROM _xv
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE _x AS SELECT *, json_transform(args, '{ARG_SPEC}') AS a FROM _xv
         WHERE cat IN ({gpu_list}, 'cuda_sync') OR name = 'record_param_comms'""")
     neg = con.execute("SELECT count(*), any_value(name) FROM _xv WHERE dur < 0").fetchone()
     if neg[0]:
@@ -219,6 +219,8 @@ def insert_tables(con, path, job, rank, meta, km, digest) -> dict:
                  str(di.get("nccl_version")) if isinstance(di, dict) and di.get("nccl_version") else None,
                  json.dumps(di.get("pg_config")) if isinstance(di, dict) and di.get("pg_config") else None,
                  n_events, km.salvaged, _host_name(meta)])
+    con.execute("DROP TABLE _x")
+    con.execute("DROP VIEW _xv")
     return counts
 
 

@@ -259,9 +259,7 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
         msg = "salvaged (file was truncated)" if km.salvaged else ""
         return LoadResult(str(path), job, rank, "stored", msg, counts)
     finally:
-        con.execute("DROP VIEW IF EXISTS _xv")
         drop_events(con, table)
-        con.execute("DROP TABLE IF EXISTS _x")
         if prepared is None:
             con.execute("RESET memory_limit")
         km.cleanup()
