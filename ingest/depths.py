@@ -9,26 +9,18 @@ taken at its own start, minus one. That running sum is, for interval i:
 so it is one sort of the starts, one of the ends and a binary search per interval: no sort of the 2N points
 with a window over one partition (which DuckDB runs on one thread when a trace has one busy thread). Intervals
 with the same thread, start and end are ordered by ORD (their position in the document); the SQL window left
-that tie to chance, and gave the same multiset of depths.
+that tie to chance, and gave the same multiset of depths. The rule of Kineto host ops (ingest.kineto_tables) and
+of Nsight Systems NVTX ranges (ingest.nsys_rows).
 """
 from __future__ import annotations
 
 import numpy as np
 
 
-def interval_depths(th, start, end, ord_) -> np.ndarray:
-    """Per row (in the order given), the depth of interval [START, END) on thread TH (int64 arrays)."""
-    th, start, end, ord_ = (np.asarray(a, dtype=np.int64) for a in (th, start, end, ord_))
-    depth = np.empty(th.size, np.int64)
-    by_start = np.lexsort((ord_, -end, start, th))
-    depth[by_start] = sorted_depths(th[by_start], start[by_start], end[by_start])
-    return depth
-
-
 def sorted_depths(th, start, end) -> np.ndarray:
-    """interval_depths of rows already ordered by (thread, start, end descending, ord): the depths in that order.
-    Needs only a sorted copy of each thread's ends beside the input (ingest sorts in SQL, within DuckDB's memory
-    limit, and hands the sorted columns over)."""
+    """The depth of each interval [START, END) on its thread TH, for rows already ordered by (thread, start, end
+    descending, ord), in that order. Needs only a sorted copy of each thread's ends beside the input (ingest
+    sorts in SQL, within DuckDB's memory limit, and hands the sorted columns over)."""
     th, start, end = (np.asarray(a) for a in (th, start, end))
     n = th.size
     depth = np.empty(n, np.int64)

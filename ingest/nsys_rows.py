@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ingest.depths import sorted_depths
 from ingest.nsys_ranks import _gpid
 from ingest.nsys_read import KERNEL_ARG_COLS, _Src
 
@@ -63,19 +64,18 @@ def _stage(con, base: int) -> None:
         WHERE n.start IS NOT NULL AND (
               (n.eventType IN {_etype(NVTX_RANGE_TYPES)} AND n."end" IS NOT NULL)
               OR n.eventType IN {_etype(NVTX_MARK_TYPES)})""")
-    # depth of a range on its thread: ranges open at its start (ties: the longer range is the outer one)
-    con.execute("""CREATE OR REPLACE TEMP TABLE _nnvtx AS
-        WITH rng AS (SELECT * FROM _nnvtx0 WHERE NOT is_mark),
-        pts AS (
-            SELECT ord, gtid, start_ns AS t, 1 AS d, end_ns AS e FROM rng
-            UNION ALL SELECT NULL, gtid, end_ns, -1, end_ns FROM rng
-        ), run AS (
-            SELECT ord, sum(d) OVER (PARTITION BY gtid ORDER BY t, d, e DESC ROWS UNBOUNDED PRECEDING) - 1 AS depth
-            FROM pts
-        )
-        SELECT x.*, CAST(coalesce(run.depth, 0) AS INTEGER) AS depth,
-               CAST(x.gtid % 16777216 AS VARCHAR) AS tid
-        FROM _nnvtx0 x LEFT JOIN (SELECT * FROM run WHERE ord IS NOT NULL) run ON run.ord = x.ord""")
+    # depth of a range on its thread: ranges open at its start (ties: the longer range is the outer one), the
+    # rule host ops of a Kineto trace follow (ingest.depths); marks have depth 0
+    rng = con.sql("""SELECT ord, gtid, start_ns, end_ns FROM _nnvtx0 WHERE NOT is_mark
+                     ORDER BY gtid, start_ns, end_ns DESC, ord""").to_arrow_table()
+    depth = sorted_depths(*(rng.column(k).to_numpy() for k in ("gtid", "start_ns", "end_ns")))
+    con.register("_nvdepth", pa.table({"ord": rng.column("ord"), "depth": pa.array(depth.astype(np.int32))}))
+    try:
+        con.execute("""CREATE OR REPLACE TEMP TABLE _nnvtx AS
+            SELECT x.*, coalesce(d.depth, 0) AS depth, CAST(x.gtid % 16777216 AS VARCHAR) AS tid
+            FROM _nnvtx0 x LEFT JOIN _nvdepth d ON d.ord = x.ord""")
+    finally:
+        con.unregister("_nvdepth")
     con.execute("DROP TABLE _nnvtx0")
     # open-range count per thread after each NVTX boundary: the depth of a CUDA call starting at t
     con.execute("""CREATE OR REPLACE TEMP TABLE _nopen AS

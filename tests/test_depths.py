@@ -1,9 +1,18 @@
-"""ingest.depths against the SQL window it replaced, on drawn intervals full of ties."""
+"""ingest.depths.sorted_depths against the SQL window it replaced, on drawn intervals full of ties."""
 import duckdb
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from ingest.depths import interval_depths
+from ingest.depths import sorted_depths
+
+
+def interval_depths(th, start, end, ord_):
+    """sorted_depths of rows in any order: sorted as ingest sorts them, the depths put back in the given order."""
+    th, start, end, ord_ = (np.asarray(a, dtype=np.int64) for a in (th, start, end, ord_))
+    depth = np.empty(th.size, np.int64)
+    by_start = np.lexsort((ord_, -end, start, th))
+    depth[by_start] = sorted_depths(th[by_start], start[by_start], end[by_start])
+    return depth
 
 WINDOW = """
     WITH pts AS (SELECT ord, th, s AS t, 1 AS d, e FROM iv UNION ALL SELECT NULL, th, e, -1, e FROM iv)

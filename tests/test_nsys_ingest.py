@@ -69,6 +69,26 @@ def test_the_corpus_has_exports_of_several_schema_versions():
     assert {"2.9.1", "3.13.2", "3.17.1"} <= versions
 
 
+# the depth rule of NVTX ranges as the SQL window over a thread's start (+1) and end (-1) points
+NVTX_WINDOW_DEPTH = """
+    WITH h AS (SELECT rank, pid, tid, start_ns, end_ns FROM host_ops WHERE job = 'j' AND cat = 'user_annotation'),
+    pts AS (SELECT rank, pid, tid, start_ns AS t, 1 AS d, end_ns AS e, start_ns AS s0 FROM h
+            UNION ALL SELECT rank, pid, tid, end_ns, -1, end_ns, NULL FROM h)
+    SELECT rank, pid, tid, s0, e, depth FROM (
+        SELECT *, sum(d) OVER (PARTITION BY rank, pid, tid ORDER BY t, d, e DESC ROWS UNBOUNDED PRECEDING) - 1
+               AS depth FROM pts) WHERE d = 1
+    ORDER BY ALL"""
+
+
+@needs_shared
+@pytest.mark.parametrize("rel", EXPORTS)
+def test_shared_export_nvtx_depths_follow_the_window_rule(db, rel):
+    load(db, SHARED_TRACES / rel, "j")
+    have = db.execute("SELECT rank, pid, tid, start_ns, end_ns, depth FROM host_ops WHERE job = 'j' "
+                      "AND cat = 'user_annotation' ORDER BY ALL").fetchall()
+    assert have == db.execute(NVTX_WINDOW_DEPTH).fetchall()
+
+
 @needs_shared
 @pytest.mark.parametrize("rel", EXPORTS)
 def test_shared_export_counts_and_times_are_exact(db, rel):
