@@ -244,7 +244,7 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
         del allops
         t2 = time.perf_counter()
         unmatched_total += out["unmatched"]
-        n_intervals += int(out["lab"].size)
+        n_intervals += out["intervals"].num_rows
         n_windows += int(out["win_rank"].size)
         _write(con, job, out, knames, pg_names)
         secs["read"] += t1 - t
@@ -289,10 +289,7 @@ def _write(con, job, out, knames, pg_names):
         codes = np.asarray(codes, dtype=np.int32)
         return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
 
-    con.register("_li", pa.table({
-        "rank": out["rank"], "step": out["step"], "ledger_code": np.asarray(out["lab"], np.uint8),
-        "start_ns": out["start"], "end_ns": out["end"], "op_code": np.asarray(out["kid"], np.int32),
-        "pg_code": np.asarray(out["pgid"], np.int32), "seq": np.maximum(np.asarray(out["seq"], np.int64), -1)}))
+    con.register("_li", out["intervals"])
     # produced rank by rank, window by window, in time order: already sorted for range scans
     con.execute("""INSERT INTO ledger_segments (job, rank, step, ledger_code, start_ns, end_ns, op_code, pg_code,
                    seq) SELECT ?, * FROM _li""", [job])

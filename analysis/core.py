@@ -50,11 +50,12 @@ def _less(a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6):
 
 @_jit
 def prepare_rank(start, end, corr, has_corr, stream, kind, kid, fam_of, p2p_of,
-                 h_corr, h_start, h_th, c_start, c_kid, c_pgid, c_seq, c_p2p):
-    """One rank's ops (any order) -> the order (start, launch, end, family, kernel id, stream, pg, seq) and the
-    per-op columns in it. kind: 0 kernel, 1 memcpy, 2 memset. h_*: the rank's launch calls (correlation, start,
-    thread); an op's launch is the earliest call of its correlation. c_*: the rank's collective keys per
-    (start, kernel id), sorted by them; c_p2p -1 = unknown."""
+                 h_corr, h_start, h_th, c_start, c_kid, c_pgid, c_seq, c_p2p, out):
+    """One rank's ops (any order) -> the order (start, launch, end, family, kernel id, stream, pg, seq), and the
+    per-op columns in it written into OUT's arrays (start, end, kid, launch, launching thread, family, p2p, pg,
+    seq: views of the group's columns, one slot per op). kind: 0 kernel, 1 memcpy, 2 memset. h_*: the rank's
+    launch calls (correlation, start, thread); an op's launch is the earliest call of its correlation. c_*: the
+    rank's collective keys per (start, kernel id), sorted by them; c_p2p -1 = unknown."""
     n = start.size
     # launches: earliest call per correlation
     ho = _stable_order(h_corr)
@@ -131,7 +132,18 @@ def prepare_rank(start, end, corr, has_corr, stream, kind, kid, fam_of, p2p_of,
                     break
             o[y + 1] = v
         a = b
-    return o, launch[o], lth[o], fam[o], p2p[o], pgid[o], seq[o]
+    o_start, o_end, o_kid, o_launch, o_lth, o_fam, o_p2p, o_pgid, o_seq = out
+    for x in range(n):
+        v = o[x]
+        o_start[x] = start[v]
+        o_end[x] = end[v]
+        o_kid[x] = kid[v]
+        o_launch[x] = launch[v]
+        o_lth[x] = lth[v]
+        o_fam[x] = fam[v]
+        o_p2p[x] = p2p[v]
+        o_pgid[x] = pgid[v]
+        o_seq[x] = seq[v]
 
 
 @_jit

@@ -8,12 +8,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba as nb
 import numpy as np
+import pyarrow as pa
 
 from analysis.alignment import P2P_COLLS
 from analysis.core import NL, prepare_rank, sweep_rank
 from analysis.intervals import covered, i64 as _i64, union
 
 GROUP_OPS = 1_000_000  # ops read and swept at once: bounds the working memory (~200 B per op of the group)
+# ledger_segments' columns after job, as sweep_group hands them over
+INTERVAL_SCHEMA = pa.schema([("rank", pa.int32()), ("step", pa.int32()), ("ledger_code", pa.uint8()),
+                             ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("op_code", pa.int32()),
+                             ("pg_code", pa.int32()), ("seq", pa.int64())])
 
 # Recompute = the forward re-run inside backward, decided by where a kernel was launched (same thread): inside a
 # non-reentrant checkpoint's recompute_fn frame, or inside a reentrant CheckpointFunctionBackward before its inner
@@ -118,29 +123,21 @@ def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
     start, end = _i64(cols["start_ns"]), _i64(cols["end_ns"])
     corr, hc = _i64(cols["corr"]), np.asarray(cols["hc"], dtype=bool)
     stream, kind, kid = _i64(cols["stream"]), np.asarray(cols["kind"], dtype=np.int8), _i64(cols["kid"])
+    n = start.size
+    res = {"rank": grank.astype(np.int32)}
+    for k, dt in (("start_ns", np.int64), ("end_ns", np.int64), ("kid", np.int64), ("launch_ns", np.int64),
+                  ("lth", np.int64), ("fam", np.int8), ("p2p", np.bool_), ("pgid", np.int64), ("seq", np.int64)):
+        res[k] = np.empty(n, dt)
+    outs = [res[k] for k in ("start_ns", "end_ns", "kid", "launch_ns", "lth", "fam", "p2p", "pgid", "seq")]
 
     def one(i):
         a, b = ga[i], gb[i]
         x, y = ha[i], hb[i]
         u, v = ca[i], cb[i]
-        return prepare_rank(start[a:b], end[a:b], corr[a:b], hc[a:b], stream[a:b], kind[a:b], kid[a:b],
-                            fam_of, p2p_of, *(c[x:y] for c in hcols), *(c[u:v] for c in ccols))
+        prepare_rank(start[a:b], end[a:b], corr[a:b], hc[a:b], stream[a:b], kind[a:b], kid[a:b], fam_of, p2p_of,
+                     *(c[x:y] for c in hcols), *(c[u:v] for c in ccols), tuple(c[a:b] for c in outs))
 
-    outs = _map(one, range(ranks.size), threads)
-    n = start.size
-    res = {"rank": grank.astype(np.int32), "start_ns": np.empty(n, np.int64), "end_ns": np.empty(n, np.int64),
-           "kid": np.empty(n, np.int64)}
-    parts = {k: [] for k in ("launch_ns", "lth", "fam", "p2p", "pgid", "seq")}
-    for i, (o, launch, lth, fam, p2p, pgid, seq) in enumerate(outs):
-        a, b = ga[i], gb[i]
-        res["start_ns"][a:b] = start[a:b][o]
-        res["end_ns"][a:b] = end[a:b][o]
-        res["kid"][a:b] = kid[a:b][o]
-        for k, val in zip(parts, (launch, lth, fam, p2p, pgid, seq)):
-            parts[k].append(val)
-    for k, dt in (("launch_ns", np.int64), ("lth", np.int64), ("fam", np.int8), ("p2p", bool), ("pgid", np.int64),
-                  ("seq", np.int64)):
-        res[k] = np.concatenate(parts[k]) if parts[k] else np.zeros(0, dt)
+    _map(one, range(ranks.size), threads)
     return res
 
 
@@ -204,21 +201,21 @@ def io_regions(con, job, lo, hi, pattern=None):
 
 @nb.njit(cache=True, nogil=True)
 def _op_keys(o_op, base, kid, pgid, seq):
-    """The kernel, process group and sequence of each interval's op (index O_OP within the rank, whose ops start
-    at BASE; -1 = none), -1 where it has no op."""
+    """The kernel (int32), process group (int32) and sequence of each interval's op (index O_OP within the rank,
+    whose ops start at BASE; -1 = none), -1 where it has no op (and for a sequence below -1)."""
     n = o_op.size
-    k, p, q = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    k, p, q = np.full(n, -1, np.int32), np.full(n, -1, np.int32), np.full(n, -1, np.int64)
     for j in range(n):
         if o_op[j] >= 0:
             g = o_op[j] + base
-            k[j], p[j], q[j] = kid[g], pgid[g], seq[g]
+            k[j], p[j], q[j] = kid[g], pgid[g], max(seq[g], -1)
     return k, p, q
 
 
 def sweep_group(allops, io, steps, waits, matched_keys, threads):
     """sweep_rank over every rank of ALLOPS (sorted by rank as read_group leaves it); results joined in rank
-    order: windows (win_rank, win_step, w0, w1, totals [window, ledger]) and coalesced intervals (rank, step,
-    lab, start, end, kid, pgid, seq; -1 = none), and the count of comm kernels with no peer."""
+    order: windows (win_rank, win_step, w0, w1, totals [window, ledger]), the coalesced intervals as an Arrow
+    table of INTERVAL_SCHEMA (one batch per rank; -1 = none) and the count of comm kernels with no peer."""
     op_rank = _i64(allops["rank"])
     ranks = _runs(op_rank)  # sorted by rank, as read_group leaves it
     oa, ob = _bounds(op_rank, ranks)
@@ -247,7 +244,7 @@ def sweep_group(allops, io, steps, waits, matched_keys, threads):
     outs = _map(one, range(ranks.size), threads)
     kid, pgid, seq = allops["kid"], allops["pgid"], allops["seq"]
     win = {k: [] for k in ("win_rank", "win_step", "w0", "w1", "totals")}
-    iv = {k: [] for k in ("rank", "step", "lab", "start", "end", "kid", "pgid", "seq")}
+    batches = []  # one Arrow batch per rank over the sweep's own arrays: no copy into one long column
     unmatched = 0
     for i, (w0, w1, wid, tot, o_s, o_e, o_l, o_op, o_w, unm) in enumerate(outs):
         unmatched += unm
@@ -257,16 +254,11 @@ def sweep_group(allops, io, steps, waits, matched_keys, threads):
         win["w0"].append(w0)
         win["w1"].append(w1)
         win["totals"].append(tot)
-        iv["rank"].append(np.full(o_s.size, r, np.int32))
-        iv["step"].append(wid[o_w].astype(np.int32))
-        iv["lab"].append(o_l)
-        iv["start"].append(o_s)
-        iv["end"].append(o_e)
-        for k, v in zip(("kid", "pgid", "seq"), _op_keys(o_op, oa[i], kid, pgid, seq)):
-            iv[k].append(v)
-    dt = {"win_rank": np.int32, "win_step": np.int32, "rank": np.int32, "step": np.int32, "lab": np.int8}
-    res = {"unmatched": unmatched}
-    for d in (win, iv):
-        for k, v in d.items():
-            res[k] = np.concatenate(v) if v else np.zeros((0, NL) if k == "totals" else 0, dt.get(k, np.int64))
+        k, p, q = _op_keys(o_op, oa[i], kid, pgid, seq)
+        batches.append(pa.record_batch([np.full(o_s.size, r, np.int32), wid[o_w].astype(np.int32),
+                                        o_l.view(np.uint8), o_s, o_e, k, p, q], schema=INTERVAL_SCHEMA))
+    dt = {"win_rank": np.int32, "win_step": np.int32}
+    res = {"unmatched": unmatched, "intervals": pa.Table.from_batches(batches, schema=INTERVAL_SCHEMA)}
+    for k, v in win.items():
+        res[k] = np.concatenate(v) if v else np.zeros((0, NL) if k == "totals" else 0, dt.get(k, np.int64))
     return res
