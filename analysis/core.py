@@ -49,6 +49,88 @@ def _less(a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6):
 
 
 @_jit
+def _key_order(rank, start, kid):
+    """An order of the rows by (rank, start, kid), ties in any order: a counting sort by rank, then each rank's
+    rows by start where they are not in order already (the common case), then each run of one start by kid."""
+    n = rank.size
+    o = np.arange(n)
+    if n == 0:
+        return o
+    lo, hi = rank.min(), rank.max()
+    if hi - lo >= 4 * n + 1024:  # sparse rank numbers: a plain sort
+        o = np.argsort(rank, kind="mergesort")
+    else:
+        cnt = np.zeros(hi - lo + 2, np.int64)
+        for i in range(n):
+            cnt[rank[i] - lo + 1] += 1
+        for r in range(1, cnt.size):
+            cnt[r] += cnt[r - 1]
+        for i in range(n):
+            r = rank[i] - lo
+            o[cnt[r]] = i
+            cnt[r] += 1
+    a = 0
+    while a < n:
+        b = a + 1
+        ordered = True
+        while b < n and rank[o[b]] == rank[o[a]]:
+            if start[o[b]] < start[o[b - 1]]:
+                ordered = False
+            b += 1
+        if not ordered:
+            seg = o[a:b].copy()
+            o[a:b] = seg[np.argsort(start[seg], kind="mergesort")]
+        for x in range(a + 1, b):  # runs of one start are short: insertion by kid
+            v = o[x]
+            y = x - 1
+            while y >= a and start[o[y]] == start[v] and kid[o[y]] > kid[v]:
+                o[y + 1] = o[y]
+                y -= 1
+            o[y + 1] = v
+        a = b
+    return o
+
+
+@_jit
+def collective_keys(rank, start, kid, pgid, seq, seq_ok, p2p):
+    """One key per comm kernel (rank, start, kernel id) from its collective rows (any order), sorted by those:
+    the process group of the row of lowest (seq, pg) (a missing seq last; rows without a group skipped; -1 =
+    none), the lowest seq (-1 = none), p2p 1 when every row that names its type is point-to-point, 0 when one
+    is not, -1 when none names it. pgid -1 = no group; p2p per row 1 / 0 / -1 (no type)."""
+    n = rank.size
+    o = _key_order(rank, start, kid)
+    k_rank = np.empty(n, np.int64)
+    k_start = np.empty(n, np.int64)
+    k_kid = np.empty(n, np.int64)
+    k_pg = np.empty(n, np.int64)
+    k_seq = np.empty(n, np.int64)
+    k_p2p = np.empty(n, np.int8)
+    q = -1
+    b_seq = 0   # the (seq missing?, seq, pg) of the run's lowest row with a group
+    b_miss = True
+    seen_seq = False
+    for x in range(n):
+        i = o[x]
+        if q < 0 or rank[i] != k_rank[q] or start[i] != k_start[q] or kid[i] != k_kid[q]:
+            q += 1
+            k_rank[q], k_start[q], k_kid[q] = rank[i], start[i], kid[i]
+            k_pg[q], k_seq[q], k_p2p[q] = -1, -1, -1
+            seen_seq = False
+        if seq_ok[i] and (not seen_seq or seq[i] < k_seq[q]):
+            k_seq[q] = seq[i]
+            seen_seq = True
+        if p2p[i] >= 0:
+            k_p2p[q] = p2p[i] if k_p2p[q] < 0 else min(k_p2p[q], p2p[i])
+        if pgid[i] >= 0:
+            miss = not seq_ok[i]
+            sq = seq[i] if seq_ok[i] else 0
+            if k_pg[q] < 0 or (miss, sq, pgid[i]) < (b_miss, b_seq, k_pg[q]):
+                k_pg[q], b_seq, b_miss = pgid[i], sq, miss
+    q += 1
+    return k_rank[:q], k_start[:q], k_kid[:q], k_pg[:q], k_seq[:q], k_p2p[:q]
+
+
+@_jit
 def prepare_rank(start, end, corr, has_corr, stream, kind, kid, fam_of, p2p_of,
                  h_corr, h_start, h_th, c_start, c_kid, c_pgid, c_seq, c_p2p, out):
     """One rank's ops (any order) -> the order (start, launch, end, family, kernel id, stream, pg, seq), and the

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from analysis.alignment import P2P_COLLS
-from analysis.core import NL, prepare_rank, sweep_rank
+from analysis.core import NL, collective_keys, prepare_rank, sweep_rank
 from analysis.intervals import covered, i64 as _i64, union
 
 GROUP_OPS = 1_000_000  # ops read and swept at once: bounds the working memory (~200 B per op of the group)
@@ -103,20 +103,21 @@ def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
               AND correlation IS NOT NULL""", [job, lo, hi])
     # one collective key per comm kernel (rank, start, kernel): a batched send/recv kernel carries several; the
     # drill-down names the one of lowest (seq, group); p2p unless the collective it carries is not (all-to-all)
-    ck = _fetch(con, f"""
-        SELECT k.rank, k.start_ns, c.kid::BIGINT AS kid, coalesce(arg_min(p.pgid, [k.seq, p.pgid]), -1)::BIGINT AS pgid,
-               coalesce(min(k.seq), -1)::BIGINT AS seq,
-               coalesce(bool_and(lower(k.coll) IN {P2P_COLLS})::TINYINT, -1)::TINYINT AS p2p
+    ck = con.sql(f"""
+        SELECT k.rank, k.start_ns, c.kid::BIGINT AS kid, coalesce(p.pgid, -1)::BIGINT AS pgid, k.seq,
+               coalesce((lower(k.coll) IN {P2P_COLLS})::TINYINT, -1)::TINYINT AS p2p
         FROM collectives k JOIN _kclass c ON c.name = k.kernel_name LEFT JOIN _pgs p ON p.pg_name = k.pg_name
-        WHERE k.job = ? AND k.rank BETWEEN ? AND ? AND k.source = 'kernel' GROUP BY ALL
-        ORDER BY k.rank, k.start_ns, kid""", [job, lo, hi])
+        WHERE k.job = ? AND k.rank BETWEEN ? AND ? AND k.source = 'kernel'""", params=[job, lo, hi]).to_arrow_table()
+    seq = ck.column("seq")
+    crank, *ccols = collective_keys(_i64(ck.column("rank").to_numpy()), _i64(ck.column("start_ns").to_numpy()),
+                                    _i64(ck.column("kid").to_numpy()), _i64(ck.column("pgid").to_numpy()),
+                                    _i64(seq.fill_null(0).to_numpy()), ~seq.is_null().to_numpy(),
+                                    ck.column("p2p").to_numpy())
     go, grank = _by_rank(g["rank"])
     ranks = _runs(grank)
     cols = {k: _take(g[k], go) for k in ("start_ns", "end_ns", "corr", "hc", "stream", "kind", "kid")}
     ho, hrank = _by_rank(h["rank"])
     hcols = [_take(np.asarray(h[k], dtype=np.int64), ho) for k in ("correlation", "start_ns", "th")]
-    crank = _i64(ck["rank"])
-    ccols = [_i64(ck[k]) for k in ("start_ns", "kid", "pgid", "seq")] + [np.asarray(ck["p2p"], dtype=np.int8)]
     ga, gb = _bounds(grank, ranks)
     ha, hb = _bounds(hrank, ranks)
     ca, cb = _bounds(crank, ranks)
