@@ -199,7 +199,10 @@ def align(con, job, ranks, host_codes=None):
             off, applied, reasons = _decide_offsets(est, resid, n_m, hosts, ranks_a)
             adj = er - off[ri]
             hi_, lo_ = group_spread(gid, adj, G)
-            ok = (present >= 2) & (hi_ - lo_ <= ORDER_MATCH_TOL_NS)
+            agree = (present >= 2) & (hi_ - lo_ <= ORDER_MATCH_TOL_NS)
+            if np.array_equal(agree, ok):  # nothing dropped: a second round would repeat this one
+                break
+            ok = agree
         rejected = int(((present >= 2) & ~ok)[gid].sum())
         p2p = np.asarray(c["p2p"], dtype=bool)
         gp2p = np.zeros(G, dtype=bool)
