@@ -233,9 +233,10 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
     unmatched_total = n_intervals = n_windows = 0
     groups = rank_groups(con, job)
     n_ranks = sum(1 for r in ranks if any(lo <= r <= hi for lo, hi in groups))
+    bufs = {}  # the group's sorted op columns, reused by the next group
     for lo, hi in groups:
         t = time.perf_counter()
-        allops = read_group(con, job, lo, hi, fam_of, p2p_of, threads)
+        allops = read_group(con, job, lo, hi, fam_of, p2p_of, threads, bufs)
         allops["re"] = recomputed(con, job, allops, recompute_pattern)
         io = io_regions(con, job, lo, hi, io_pattern)
         t1 = time.perf_counter()

@@ -86,9 +86,21 @@ def _fetch(con, sql, params) -> dict:
     return {k: t.column(k).to_numpy() for k in t.column_names}
 
 
-def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
+def _buffer(bufs, key, n, dtype):
+    """N slots of BUFS[KEY], an array kept from one group of ranks to the next (grown when a group is larger):
+    fresh memory for every group costs its page faults again, as much as the sort that fills it."""
+    if bufs is None:
+        return np.empty(n, dtype)
+    a = bufs.get(key)
+    if a is None or a.size < n:
+        a = bufs[key] = np.empty(n, dtype)
+    return a[:n]
+
+
+def read_group(con, job, lo, hi, fam_of, p2p_of, threads, bufs=None):
     """The ops of ranks LO..HI as one sorted table (rank, then prepare_rank's order): rank, fam, p2p, start_ns,
-    end_ns, launch_ns, kid, pgid, seq, lth."""
+    end_ns, launch_ns, kid, pgid, seq, lth. BUFS (a dict, kept by the caller over its groups) holds the sorted
+    columns: they are views into it, valid until the next read_group with the same BUFS."""
     g = _fetch(con, """
         SELECT g.rank, g.start_ns, g.end_ns, coalesce(g.correlation, 0) AS corr, g.correlation IS NOT NULL AS hc,
                coalesce(g.stream, 9223372036854775807) AS stream,
@@ -128,7 +140,7 @@ def read_group(con, job, lo, hi, fam_of, p2p_of, threads):
     res = {"rank": grank.astype(np.int32)}
     for k, dt in (("start_ns", np.int64), ("end_ns", np.int64), ("kid", np.int64), ("launch_ns", np.int64),
                   ("lth", np.int64), ("fam", np.int8), ("p2p", np.bool_), ("pgid", np.int64), ("seq", np.int64)):
-        res[k] = np.empty(n, dt)
+        res[k] = _buffer(bufs, k, n, dt)
     outs = [res[k] for k in ("start_ns", "end_ns", "kid", "launch_ns", "lth", "fam", "p2p", "pgid", "seq")]
 
     def one(i):
