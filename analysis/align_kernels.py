@@ -77,11 +77,32 @@ def distinct_members(o, edges, r, n_r):
     return out
 
 
+@nb.njit(cache=True, nogil=True)
+def _dense_rank_span(key, lo, span):
+    """dense_rank where the keys lie in [lo, lo + span): the rank of each present value by a counting pass."""
+    at = np.zeros(span, np.int64)
+    for i in range(key.size):
+        at[key[i] - lo] = 1
+    c = 0
+    for j in range(span):
+        if at[j]:
+            at[j] = c
+            c += 1
+    out = np.empty(key.size, np.int64)
+    for i in range(key.size):
+        out[i] = at[key[i] - lo]
+    return out
+
+
 def dense_rank(key):
-    """0-based dense rank of each int64 key (SQL dense_rank() OVER (ORDER BY key) − 1)."""
+    """0-based dense rank of each int64 key (SQL dense_rank() OVER (ORDER BY key) − 1): a counting pass where
+    the keys' range is within a few times their number (sequence numbers of a trace), else one sort."""
     key = np.asarray(key, dtype=np.int64)
     if key.size == 0:
         return np.zeros(0, np.int64)
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo < 4 * key.size + 1024:
+        return _dense_rank_span(key, lo, hi - lo + 1)
     o = np.argsort(key, kind="stable")
     ks = key[o]
     ids = np.empty(key.size, np.int64)
