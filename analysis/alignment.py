@@ -17,25 +17,10 @@ from analysis.intervals import i64 as _i64
 P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 
 
-class _Groups:
-    """Group ids g (0..n_groups-1) sorted once, for the medians of several value arrays over the same groups."""
-
-    def __init__(self, g, n_groups):
-        self.o, self.cnt, self.edges = group_order(np.asarray(g, dtype=np.int64), n_groups)
-        self.n = n_groups
-
-    def median(self, v):
-        """Median of v within each group (float; NaN where a group is empty): the mean of the two middle values
-        as float64 for an even count."""
-        if self.n <= 256:  # few big groups (ranks): one partition per group beats sorting each
-            vs = np.asarray(v)[self.o]
-            e, c = self.edges, self.cnt
-            return np.array([np.median(vs[e[k]:e[k + 1]]) if c[k] else np.nan for k in range(self.n)])
-        return _sorted_group_median(self.o, self.edges, np.asarray(v))  # many small groups (collectives)
-
-
 @nb.njit(cache=True, nogil=True)
-def _sorted_group_median(o, edges, v):
+def _group_medians(o, edges, v):
+    """The median of v within each group of a group order (o, edges): the middle value, or the mean of the two
+    middle values as float64 for an even count (np.median's); NaN where a group is empty."""
     out = np.full(edges.size - 1, np.nan)
     for k in range(edges.size - 1):
         a, n = edges[k], edges[k + 1] - edges[k]
@@ -44,8 +29,14 @@ def _sorted_group_median(o, edges, v):
         buf = np.empty(n, v.dtype)
         for j in range(n):
             buf[j] = v[o[a + j]]
-        buf.sort()
-        out[k] = (np.float64(buf[(n - 1) // 2]) + np.float64(buf[n // 2])) / 2
+        if n <= 64:  # many small groups (collectives): sort each
+            buf.sort()
+            lo, hi = buf[(n - 1) // 2], buf[n // 2]
+        else:  # few big groups (ranks): one selection each
+            buf = np.partition(buf, n // 2)
+            hi = buf[n // 2]
+            lo = hi if n % 2 else buf[:n // 2].max()
+        out[k] = (np.float64(lo) + np.float64(hi)) / 2
     return out
 
 
@@ -53,23 +44,38 @@ ORDER_MATCH_TOL_NS = 1_000_000  # members of one collective complete within this
 SKEW_NS = 10_000  # completion skew of one collective across members: offsets below it are not evidence
 
 
+@nb.njit(cache=True, nogil=True)
 def _estimate_offsets(gm, rm_, em, G, R):
     """Per-rank clock offset (relative to rank index 0), residual and count from matched completions: offset_r
-    = median over its collectives of (end_r − median end of the collective), refined once."""
-    off = np.zeros(R, dtype=np.int64)
-    by_c, by_r = _Groups(gm, G), _Groups(rm_, R)   # each sorted once for the six medians below
+    = median over its collectives of (end_r − median end of the collective), refined once; the residual is the
+    median |deviation| after removal. gm: collective index, rm_: rank index, em: end of each member."""
+    oc, _, ec = group_order(gm, G)
+    orr, n_m, er_ = group_order(rm_, R)
+    off = np.zeros(R, np.int64)
+    n = em.size
+    adj = np.empty(n, np.int64)
+    dev = np.empty(n, np.float64)
     for _ in range(2):  # refine once with the offsets found
-        adj = em - off[rm_]
-        dev = adj - by_c.median(adj)[gm]
-        d = by_r.median(dev)
-        has = ~np.isnan(d)
-        off[has] += np.trunc(d[has]).astype(np.int64)
+        for i in range(n):
+            adj[i] = em[i] - off[rm_[i]]
+        mc = _group_medians(oc, ec, adj)
+        for i in range(n):
+            dev[i] = adj[i] - mc[gm[i]]
+        d = _group_medians(orr, er_, dev)
+        for r in range(R):
+            if not np.isnan(d[r]):
+                off[r] += np.int64(np.trunc(d[r]))
         off -= off[0]
-    adj = em - off[rm_]
-    ad = np.abs(adj - by_c.median(adj)[gm])
-    n_m = np.bincount(rm_, minlength=R)
-    med = by_r.median(ad)
-    resid = np.where(np.isnan(med), 0, np.trunc(np.nan_to_num(med))).astype(np.int64)
+    for i in range(n):
+        adj[i] = em[i] - off[rm_[i]]
+    mc = _group_medians(oc, ec, adj)
+    for i in range(n):
+        dev[i] = np.abs(adj[i] - mc[gm[i]])
+    med = _group_medians(orr, er_, dev)
+    resid = np.zeros(R, np.int64)
+    for r in range(R):
+        if not np.isnan(med[r]):
+            resid[r] = np.int64(np.trunc(med[r]))
     return off, resid, n_m
 
 
