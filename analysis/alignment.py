@@ -13,6 +13,7 @@ import numpy as np
 from analysis.align_kernels import dense_rank_rows, distinct_members, group_max, group_min, group_order, group_spread
 from analysis.align_kernels import string_ranks
 from analysis.intervals import i64 as _i64
+from store.connection import append_arrow
 
 P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 
@@ -112,9 +113,7 @@ def _store_matches(con, job, cols):
     t = dict(cols)
     t["seq"] = pa.array(seq, mask=seq < 0)
     t["ord"] = pa.array(ordn, mask=ordn < 0)
-    con.register("_cm", pa.table(t))
-    con.execute("INSERT INTO collective_matches SELECT ?, * FROM _cm", [job])
-    con.unregister("_cm")
+    append_arrow(con, "collective_matches", pa.table(t), job)
 
 
 def align(con, job, ranks, host_codes=None):

@@ -14,6 +14,7 @@ from analysis.alignment import align
 from analysis.classify import classify_kernel
 from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGERS
+from store.connection import append_arrow
 from analysis.rank_pass import (REENTRANT_HOST, RECOMPUTE_HOST, io_regions, rank_groups, read_group,  # noqa: F401
                                 recomputed, sweep_group)
 
@@ -274,32 +275,25 @@ def _rows(cols, lo, hi):
 
 
 def _write(con, job, out, knames, pg_names):
-    """step_windows, ledger_intervals and ledger_totals rows of one group of ranks, each one Arrow append."""
+    """step_windows, ledger_intervals and ledger_totals rows of one group of ranks, each one Arrow append (not a
+    registered table: the transaction would keep every group's rows alive until its commit)."""
     import pyarrow as pa
 
     nw = out["win_rank"].size
     if not nw:
         return
-    con.register("_sw", pa.table({"job": pa.array([job] * nw, pa.string()), "rank": out["win_rank"],
-                                  "step": out["win_step"], "start_ns": out["w0"], "end_ns": out["w1"]}))
-    con.execute("INSERT INTO step_windows SELECT * FROM _sw")
-    con.unregister("_sw")
+    append_arrow(con, "step_windows", pa.table({"rank": out["win_rank"], "step": out["win_step"],
+                                                "start_ns": out["w0"], "end_ns": out["w1"]}), job)
 
     def named(codes, names):
         # -1 = no name; dictionary-encoded, so no join and no per-row string is built here
         codes = np.asarray(codes, dtype=np.int32)
         return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
 
-    con.register("_li", out["intervals"])
     # produced rank by rank, window by window, in time order: already sorted for range scans
-    con.execute("""INSERT INTO ledger_segments (job, rank, step, ledger_code, start_ns, end_ns, op_code, pg_code,
-                   seq) SELECT ?, * FROM _li""", [job])
-    con.unregister("_li")
+    append_arrow(con, "ledger_segments", out["intervals"], job)
     nl = len(LEDGERS)
-    con.register("_lt", pa.table({
-        "job": pa.array([job] * (nw * nl), pa.string()), "rank": np.repeat(out["win_rank"], nl),
-        "step": np.repeat(out["win_step"], nl),
+    append_arrow(con, "ledger_totals", pa.table({
+        "rank": np.repeat(out["win_rank"], nl), "step": np.repeat(out["win_step"], nl),
         "ledger": named(np.tile(np.arange(nl, dtype=np.int32), nw), list(LEDGERS)),
-        "ns": out["totals"].reshape(-1)}))
-    con.execute("INSERT INTO ledger_totals SELECT * FROM _lt")
-    con.unregister("_lt")
+        "ns": out["totals"].reshape(-1)}), job)

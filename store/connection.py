@@ -54,3 +54,18 @@ def connect(db: str | Path, read_only: bool = False, wait: float | None = None) 
     if not read_only:
         create_all(con)
     return con
+
+
+
+def append_arrow(con, table: str, rows, job: str | None = None) -> None:
+    """Append the rows of ROWS (an Arrow table with TABLE's columns in its order, or all but a first `job` column
+    when JOB is given: that column is then JOB on every row) to TABLE. Not through con.register: inside a
+    transaction DuckDB keeps every registered object alive until the commit, so a transaction of many appends
+    would hold all of them in memory."""
+    import numpy as np
+    import pyarrow as pa
+
+    if job is not None:
+        codes = pa.array(np.zeros(rows.num_rows, np.int8))
+        rows = rows.add_column(0, "job", pa.DictionaryArray.from_arrays(codes, pa.array([job], pa.string())))
+    con.from_arrow(rows).insert_into(table)
