@@ -10,6 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from analysis.align_kernels import group_order
 from analysis.ledgers import LEDGER_ID
 
 I64_MAX = np.iinfo(np.int64).max
@@ -60,15 +61,7 @@ def _key_order(rank, start, kid):
     if hi - lo >= 4 * n + 1024:  # sparse rank numbers: a plain sort
         o = np.argsort(rank, kind="mergesort")
     else:
-        cnt = np.zeros(hi - lo + 2, np.int64)
-        for i in range(n):
-            cnt[rank[i] - lo + 1] += 1
-        for r in range(1, cnt.size):
-            cnt[r] += cnt[r - 1]
-        for i in range(n):
-            r = rank[i] - lo
-            o[cnt[r]] = i
-            cnt[r] += 1
+        o = group_order(rank - lo, hi - lo + 1)[0]
     a = 0
     while a < n:
         b = a + 1
