@@ -17,6 +17,7 @@ import numpy as np
 from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGER_ID, LEDGERS
 from analysis import step_graph as sg
+from store.connection import append_arrow
 
 DDL = {"critical_path": """job VARCHAR, step INTEGER, seq INTEGER, rank INTEGER, kind VARCHAR, op_name VARCHAR,
                            start_ns BIGINT, end_ns BIGINT, aligned_start_ns BIGINT, aligned_end_ns BIGINT,
@@ -265,12 +266,10 @@ def _store(con, job, rows, steps):
                     [job, sorted(steps)])
     for r in rows:
         n = r["rank"].size
-        tb = pa.table({"job": pa.array([job] * n, pa.string()), "step": pa.array([r["step"]] * n, pa.int32()),
+        tb = pa.table({"step": pa.array([r["step"]] * n, pa.int32()),
                        "seq": pa.array(np.arange(n), pa.int32()), "rank": pa.array(r["rank"], pa.int32()),
                        "kind": pa.array(r["kind"], pa.string()),
                        "op_name": pa.array(list(r["op_name"]), pa.string()),
                        "start_ns": r["start_ns"], "end_ns": r["end_ns"], "aligned_start_ns": r["aligned_start_ns"],
                        "aligned_end_ns": r["aligned_end_ns"], "ledger": pa.array(r["ledger"], pa.string())})
-        con.register("_cp", tb)
-        con.execute("INSERT INTO critical_path SELECT * FROM _cp")
-        con.unregister("_cp")
+        append_arrow(con, "critical_path", tb, job)  # one per step: none is held until the caller's commit
