@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from ingest.depths import sorted_depths
 from ingest.host_colls import insert_host_collectives
 from ingest.kineto import DTYPE_BYTES, FLOW_CATS, GPU_CATS, base_ns
+from store.arrays import from_numpy, to_numpy
 from store.schema import PER_TRACE
 
 # The args keys the canonical columns come from. Each event's args are parsed once, into a struct
@@ -94,8 +97,8 @@ def insert_tables(con, path, job, rank, meta, km, digest) -> dict:
         JOIN th ON h.pid IS NOT DISTINCT FROM th.pid AND h.tid IS NOT DISTINCT FROM th.tid
         ORDER BY th.th, h.start_ns, h.end_ns DESC, h.ord""").to_arrow_table()
     import pyarrow as pa
-    depth = sorted_depths(*(hs.column(k).to_numpy() for k in ("th", "start_ns", "end_ns")))
-    con.register("_hdepth", pa.table({"ord": hs.column("ord"), "depth": pa.array(depth.astype("int32"), pa.int32())}))
+    depth = sorted_depths(*(to_numpy(hs.column(k)) for k in ("th", "start_ns", "end_ns")))
+    con.register("_hdepth", pa.table({"ord": hs.column("ord"), "depth": from_numpy(depth.astype(np.int32))}))
     del hs, depth
     try:
         con.execute(f"""INSERT INTO host_ops

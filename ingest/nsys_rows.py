@@ -9,6 +9,7 @@ import pyarrow as pa
 from ingest.depths import sorted_depths
 from ingest.nsys_ranks import _gpid
 from ingest.nsys_read import KERNEL_ARG_COLS, _Src
+from store.arrays import from_numpy, to_numpy
 
 STEP_PATTERN = r"(?i)^(?:train(?:ing)?[ _.:-]*)?(?:step|iter|iteration)[ _#:=-]*(\d+)$"
 PROFILER_STEP = r"^ProfilerStep#(\d+)(?:\D|$)"
@@ -68,8 +69,8 @@ def _stage(con, base: int) -> None:
     # rule host ops of a Kineto trace follow (ingest.depths); marks have depth 0
     rng = con.sql("""SELECT ord, gtid, start_ns, end_ns FROM _nnvtx0 WHERE NOT is_mark
                      ORDER BY gtid, start_ns, end_ns DESC, ord""").to_arrow_table()
-    depth = sorted_depths(*(rng.column(k).to_numpy() for k in ("gtid", "start_ns", "end_ns")))
-    con.register("_nvdepth", pa.table({"ord": rng.column("ord"), "depth": pa.array(depth.astype(np.int32))}))
+    depth = sorted_depths(*(to_numpy(rng.column(k)) for k in ("gtid", "start_ns", "end_ns")))
+    con.register("_nvdepth", pa.table({"ord": rng.column("ord"), "depth": from_numpy(depth.astype(np.int32))}))
     try:
         con.execute("""CREATE OR REPLACE TEMP TABLE _nnvtx AS
             SELECT x.*, coalesce(d.depth, 0) AS depth, CAST(x.gtid % 16777216 AS VARCHAR) AS tid
@@ -144,13 +145,6 @@ def _insert_gpu(con, job: str, base: int) -> None:
         WHERE x.start IS NOT NULL""", [job])
 
 
-def _int64s(col: pa.ChunkedArray) -> np.ndarray:
-    """An int64 column's values in numpy, NULL slots holding whatever bytes they have (pyarrow's own
-    conversions turn NULLs into floats, or import pandas)."""
-    parts = [np.frombuffer(c.buffers()[1], np.int64, len(c), c.offset * 8) for c in col.chunks if len(c)]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
 def _call_depths(con, api: pa.Table, base: int) -> pa.Array:
     """Per CUDA call, the NVTX ranges open on its thread when it starts: the count after _nopen's last
     boundary at or before the start, 0 before the first. One searchsorted per thread with NVTX ranges
@@ -160,8 +154,8 @@ def _call_depths(con, api: pa.Table, base: int) -> pa.Array:
     bounds = con.sql("SELECT CAST(gtid AS BIGINT) AS gtid, CAST(t AS BIGINT) AS t, CAST(open AS BIGINT) AS open "
                      "FROM _nopen ORDER BY gtid, t").to_arrow_table()
     if bounds.num_rows and api.num_rows:
-        bg, bt, bo = (_int64s(bounds.column(c)) for c in ("gtid", "t", "open"))
-        g, start = _int64s(api.column("globalTid")), _int64s(api.column("start")) + base
+        bg, bt, bo = (to_numpy(bounds.column(c)) for c in ("gtid", "t", "open"))
+        g, start = to_numpy(api.column("globalTid")), to_numpy(api.column("start")) + base
         threads, first = np.unique(bg, return_index=True)
         last = np.append(first[1:], len(bg))
         ti = np.minimum(np.searchsorted(threads, g), len(threads) - 1)
@@ -173,7 +167,7 @@ def _call_depths(con, api: pa.Table, base: int) -> pa.Array:
         for i, rows in enumerate(groups):
             k = np.searchsorted(bt[first[i]:last[i]], start[rows], side="right")   # boundaries at or before
             depth[rows] = np.where(k > 0, bo[first[i] + np.maximum(k, 1) - 1], 0)
-    return pa.Array.from_buffers(pa.int64(), len(depth), [None, pa.py_buffer(depth)])
+    return from_numpy(depth)
 
 
 def _insert_host(con, job: str, base: int, apis: dict[str, pa.Table]) -> None:

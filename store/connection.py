@@ -65,7 +65,9 @@ def append_arrow(con, table: str, rows, job: str | None = None) -> None:
     import numpy as np
     import pyarrow as pa
 
+    from store.arrays import from_numpy, strings
+
     if job is not None:
-        codes = pa.array(np.zeros(rows.num_rows, np.int8))
-        rows = rows.add_column(0, "job", pa.DictionaryArray.from_arrays(codes, pa.array([job], pa.string())))
+        codes = from_numpy(np.zeros(rows.num_rows, np.int8))
+        rows = rows.add_column(0, "job", pa.DictionaryArray.from_arrays(codes, strings([job])))
     con.from_arrow(rows).insert_into(table)
