@@ -5,6 +5,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from store.arrays import filled, strings
+
 
 @nb.njit(cache=True, nogil=True)
 def group_order(g, n):
@@ -148,7 +150,7 @@ def string_ranks(arr):
     import pyarrow as pa
 
     if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], pa.string())
+        arr = arr.combine_chunks() if arr.num_chunks else strings([])
     arr = arr.cast(pa.string())
     if len(arr) == 0:
         return np.zeros(0, np.int64)
@@ -157,5 +159,5 @@ def string_ranks(arr):
     keyset = sorted(set(vals) | ({""} if d.null_count else set()), key=lambda s: s.encode("utf-8"))
     pos = {s: k for k, s in enumerate(keyset)}
     lut = np.array([pos[s] for s in vals] + [pos.get("", 0)], dtype=np.int64)
-    idx = d.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False).astype(np.int64)
+    idx = filled(d.indices, len(vals)).astype(np.int64)
     return lut[idx]

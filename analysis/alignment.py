@@ -13,6 +13,7 @@ import numpy as np
 from analysis.align_kernels import dense_rank_rows, distinct_members, group_max, group_min, group_order, group_spread
 from analysis.align_kernels import string_ranks
 from analysis.intervals import i64 as _i64
+from store.arrays import filled, from_numpy, strings, table, to_numpy
 from store.connection import append_arrow
 
 P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
@@ -107,13 +108,11 @@ def _decide_offsets(est, resid, n_m, hosts, ranks_a):
 
 def _store_matches(con, job, cols):
     """collective_matches rows; pg_name and coll come as Arrow string arrays (NULL = none), never as objects."""
-    import pyarrow as pa
-
     seq, ordn = cols["seq"], cols["ord"]
     t = dict(cols)
-    t["seq"] = pa.array(seq, mask=seq < 0)
-    t["ord"] = pa.array(ordn, mask=ordn < 0)
-    append_arrow(con, "collective_matches", pa.table(t), job)
+    t["seq"] = from_numpy(seq, mask=seq < 0)
+    t["ord"] = from_numpy(ordn, mask=ordn < 0)
+    append_arrow(con, "collective_matches", table(t), job)
 
 
 def align(con, job, ranks, host_codes=None):
@@ -156,19 +155,19 @@ def align(con, job, ranks, host_codes=None):
 
     def col(t, k):  # a NULL reads as 0 / false
         a = t.column(k)
-        return (a.fill_null(False if pa.types.is_boolean(a.type) else 0) if a.null_count else a).to_numpy()
+        return filled(a, False if pa.types.is_boolean(a.type) else 0)
 
     # gid = dense_rank() OVER (ORDER BY pg_name, seq, p2p) − 1: pg_name in byte order ('' for the NULL of
     # nullif), p2p false < true < NULL (no coll)
     p2p_a = by_seq.column("p2p")
-    p2p3 = np.where(p2p_a.is_null().to_numpy(), 2, col(by_seq, "p2p").astype(np.int64))
+    p2p3 = np.where(to_numpy(p2p_a.is_null()), 2, col(by_seq, "p2p").astype(np.int64))
     seq_gid = dense_rank_rows([string_ranks(by_seq.column("pg_name")), col(by_seq, "seq"), p2p3])
     g0 = int(seq_gid.max()) + 1 if by_seq.num_rows else 0
     c = {k: np.concatenate([seq_gid if k == "gid" else col(by_seq, k),
                             col(by_order, k) + g0 if k == "gid" else col(by_order, k)])
          for k in ("rank", "start_ns", "end_ns", "gsz", "p2p", "gid", "seq", "ord")}
     strs = {k: pa.concat_arrays([a for t in (by_seq, by_order) for a in t.column(k).cast(pa.string()).chunks] or
-                                [pa.array([], pa.string())]) for k in ("pg_name", "coll")}
+                                [strings([])]) for k in ("pg_name", "coll")}
     ranks_a = _i64(ranks)
     R = ranks_a.size
     off = np.zeros(R, dtype=np.int64)

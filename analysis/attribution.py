@@ -14,6 +14,7 @@ from analysis.alignment import align
 from analysis.classify import classify_kernel
 from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGERS
+from store.arrays import from_numpy, strings, table
 from store.connection import append_arrow
 from analysis.rank_pass import (REENTRANT_HOST, RECOMPUTE_HOST, io_regions, rank_groups, read_group,  # noqa: F401
                                 recomputed, sweep_group)
@@ -200,16 +201,13 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
     t0 = time.perf_counter()
     ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
     # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
-    import pyarrow as pa
-
     knames = [r[0] for r in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? "
                                         "AND name IS NOT NULL ORDER BY name", [job]).fetchall()]
     rules = [classify_kernel(n) for n in knames]
-    con.register("_kclass", pa.table({"kid": pa.array(range(len(knames)), pa.int32()),
-                                      "name": pa.array(knames, pa.string()),
-                                      "fam": pa.array([1 if r[0] == "comm" else 0 for r in rules], pa.int8()),
-                                      "p2p": pa.array([r[1] == "sendrecv" for r in rules], pa.bool_()),
-                                      "cls": pa.array([r[1] for r in rules], pa.string())}))
+    con.register("_kclass", table({"kid": np.arange(len(knames), dtype=np.int32), "name": strings(knames),
+                                   "fam": np.array([1 if r[0] == "comm" else 0 for r in rules], np.int8),
+                                   "p2p": np.array([r[1] == "sendrecv" for r in rules], np.bool_),
+                                   "cls": strings([r[1] for r in rules])}))
     _store_keys(con, job, knames, rules)
     con.execute("INSERT INTO ledger_names SELECT ?, 'op', unnest(range(?)), unnest(?::VARCHAR[])",
                 [job, len(knames), knames])
@@ -220,8 +218,7 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
     world = con.execute("SELECT max(world_size) FROM traces WHERE job = ?", [job]).fetchone()[0] or 1
     pg_names = [r[0] for r in con.execute("SELECT DISTINCT pg_name FROM collectives WHERE job = ? "
                                           "AND pg_name IS NOT NULL ORDER BY 1", [job]).fetchall()]
-    con.register("_pgs", pa.table({"pgid": pa.array(range(len(pg_names)), pa.int32()),
-                                   "pg_name": pa.array(pg_names, pa.string())}))
+    con.register("_pgs", table({"pgid": np.arange(len(pg_names), dtype=np.int32), "pg_name": strings(pg_names)}))
     con.execute("INSERT INTO ledger_names SELECT ?, 'pg', unnest(range(?)), unnest(?::VARCHAR[])",
                 [job, len(pg_names), pg_names])
     fam_of = np.array([1 if r[0] == "comm" else 0 for r in rules], dtype=np.int8)
@@ -282,18 +279,18 @@ def _write(con, job, out, knames, pg_names):
     nw = out["win_rank"].size
     if not nw:
         return
-    append_arrow(con, "step_windows", pa.table({"rank": out["win_rank"], "step": out["win_step"],
-                                                "start_ns": out["w0"], "end_ns": out["w1"]}), job)
+    append_arrow(con, "step_windows", table({"rank": out["win_rank"], "step": out["win_step"],
+                                             "start_ns": out["w0"], "end_ns": out["w1"]}), job)
 
     def named(codes, names):
         # -1 = no name; dictionary-encoded, so no join and no per-row string is built here
         codes = np.asarray(codes, dtype=np.int32)
-        return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(names, pa.string()))
+        return pa.DictionaryArray.from_arrays(from_numpy(codes, mask=codes < 0), strings(names))
 
     # produced rank by rank, window by window, in time order: already sorted for range scans
     append_arrow(con, "ledger_segments", out["intervals"], job)
     nl = len(LEDGERS)
-    append_arrow(con, "ledger_totals", pa.table({
+    append_arrow(con, "ledger_totals", table({
         "rank": np.repeat(out["win_rank"], nl), "step": np.repeat(out["win_step"], nl),
         "ledger": named(np.tile(np.arange(nl, dtype=np.int32), nw), list(LEDGERS)),
         "ns": out["totals"].reshape(-1)}), job)

@@ -13,6 +13,7 @@ import pyarrow as pa
 from analysis.alignment import P2P_COLLS
 from analysis.core import NL, collective_keys, prepare_rank, sweep_rank
 from analysis.intervals import covered, i64 as _i64, union
+from store.arrays import batch, filled, to_numpy, values
 
 GROUP_OPS = 1_000_000  # ops read and swept at once: bounds the working memory (~200 B per op of the group)
 # ledger_segments' columns after job, as sweep_group hands them over
@@ -83,7 +84,7 @@ def _fetch(con, sql, params) -> dict:
     """The columns of SQL's result as numpy arrays, through Arrow (no masked arrays; a NULL-free column is not
     copied again)."""
     t = con.sql(sql, params=params).to_arrow_table()
-    return {k: t.column(k).to_numpy() for k in t.column_names}
+    return {k: values(t.column(k)) for k in t.column_names}
 
 
 def _buffer(bufs, key, n, dtype):
@@ -121,10 +122,10 @@ def read_group(con, job, lo, hi, fam_of, p2p_of, threads, bufs=None):
         FROM collectives k JOIN _kclass c ON c.name = k.kernel_name LEFT JOIN _pgs p ON p.pg_name = k.pg_name
         WHERE k.job = ? AND k.rank BETWEEN ? AND ? AND k.source = 'kernel'""", params=[job, lo, hi]).to_arrow_table()
     seq = ck.column("seq")
-    crank, *ccols = collective_keys(_i64(ck.column("rank").to_numpy()), _i64(ck.column("start_ns").to_numpy()),
-                                    _i64(ck.column("kid").to_numpy()), _i64(ck.column("pgid").to_numpy()),
-                                    _i64(seq.fill_null(0).to_numpy()), ~seq.is_null().to_numpy(),
-                                    ck.column("p2p").to_numpy())
+    crank, *ccols = collective_keys(_i64(values(ck.column("rank"))), _i64(values(ck.column("start_ns"))),
+                                    _i64(values(ck.column("kid"))), _i64(values(ck.column("pgid"))),
+                                    _i64(filled(seq)), ~to_numpy(seq.is_null()),
+                                    values(ck.column("p2p")))
     go, grank = _by_rank(g["rank"])
     ranks = _runs(grank)
     cols = {k: _take(g[k], go) for k in ("start_ns", "end_ns", "corr", "hc", "stream", "kind", "kid")}
@@ -268,8 +269,8 @@ def sweep_group(allops, io, steps, waits, matched_keys, threads):
         win["w1"].append(w1)
         win["totals"].append(tot)
         k, p, q = _op_keys(o_op, oa[i], kid, pgid, seq)
-        batches.append(pa.record_batch([np.full(o_s.size, r, np.int32), wid[o_w].astype(np.int32),
-                                        o_l.view(np.uint8), o_s, o_e, k, p, q], schema=INTERVAL_SCHEMA))
+        batches.append(batch([np.full(o_s.size, r, np.int32), wid[o_w].astype(np.int32),
+                              o_l.view(np.uint8), o_s, o_e, k, p, q], INTERVAL_SCHEMA))
     dt = {"win_rank": np.int32, "win_step": np.int32}
     res = {"unmatched": unmatched, "intervals": pa.Table.from_batches(batches, schema=INTERVAL_SCHEMA)}
     for k, v in win.items():

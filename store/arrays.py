@@ -63,3 +63,32 @@ def _numpy_dtype(t: pa.DataType) -> np.dtype:
         if at == t:
             return d
     raise TypeError(f"no fixed-width numpy dtype for Arrow {t}")
+
+
+def values(col) -> np.ndarray:
+    """to_numpy where COL is fixed-width (or boolean) and NULL-free; anything else through pyarrow's own
+    conversion (NULLs as NaN, strings as objects)."""
+    if col.null_count == 0 and (pa.types.is_boolean(col.type) or col.type in _TYPES.values()):
+        return to_numpy(col)
+    return col.to_numpy()
+
+
+def table(cols: dict) -> pa.Table:
+    """pa.table of COLS (name -> numpy array or Arrow array), the numpy ones through from_numpy."""
+    return pa.table({k: from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in cols.items()})
+
+
+def batch(arrays, schema: pa.Schema) -> pa.RecordBatch:
+    """A record batch of SCHEMA over ARRAYS (numpy, each in its field's type or converted to it)."""
+    return pa.RecordBatch.from_arrays(
+        [from_numpy(np.asarray(a, dtype=_numpy_dtype(f.type))) if isinstance(a, np.ndarray) else a
+         for a, f in zip(arrays, schema)], schema=schema)
+
+
+def filled(col, value=0) -> np.ndarray:
+    """to_numpy of a fixed-width or boolean COL with its NULL slots set to VALUE (``fill_null`` makes a pyarrow
+    scalar of VALUE, which imports pandas)."""
+    v = to_numpy(col)
+    if col.null_count:
+        v = np.where(to_numpy(col.is_null()), np.asarray(value, dtype=v.dtype), v)
+    return v
