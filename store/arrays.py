@@ -48,8 +48,7 @@ def to_numpy(col) -> np.ndarray:
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     t = col.type
     if pa.types.is_boolean(t):
-        parts = [np.unpackbits(np.frombuffer(c.buffers()[1], np.uint8), bitorder="little")[c.offset:c.offset + len(c)]
-                 .astype(np.bool_) for c in chunks if len(c)]
+        parts = [_bits(c.buffers()[1], c.offset, len(c)) for c in chunks if len(c)]
         return np.concatenate(parts) if parts else np.zeros(0, np.bool_)
     dtype = _numpy_dtype(t)
     parts = [np.frombuffer(c.buffers()[1], dtype, len(c), c.offset * dtype.itemsize) for c in chunks if len(c)]
@@ -92,3 +91,10 @@ def filled(col, value=0) -> np.ndarray:
     if col.null_count:
         v = np.where(to_numpy(col.is_null()), np.asarray(value, dtype=v.dtype), v)
     return v
+
+
+def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """N bits of BUF from bit OFFSET as bools; only those bytes are unpacked (a slice shares its parent's buffer)."""
+    lo = offset >> 3
+    raw = np.frombuffer(buf, np.uint8, ((offset + n + 7) >> 3) - lo, lo)
+    return np.unpackbits(raw, bitorder="little")[offset & 7:(offset & 7) + n].astype(np.bool_)
