@@ -154,8 +154,7 @@ def align(con, job, ranks, host_codes=None):
     import pyarrow as pa
 
     def col(t, k):  # a NULL reads as 0 / false
-        a = t.column(k)
-        return filled(a, False if pa.types.is_boolean(a.type) else 0)
+        return filled(t.column(k))
 
     # gid = dense_rank() OVER (ORDER BY pg_name, seq, p2p) − 1: pg_name in byte order ('' for the NULL of
     # nullif), p2p false < true < NULL (no coll)

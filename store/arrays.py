@@ -13,6 +13,7 @@ _TYPES = {np.dtype(np.int8): pa.int8(), np.dtype(np.int16): pa.int16(), np.dtype
           np.dtype(np.int64): pa.int64(), np.dtype(np.uint8): pa.uint8(), np.dtype(np.uint16): pa.uint16(),
           np.dtype(np.uint32): pa.uint32(), np.dtype(np.uint64): pa.uint64(), np.dtype(np.float32): pa.float32(),
           np.dtype(np.float64): pa.float64()}
+_DTYPES = {at: d for d, at in _TYPES.items()}
 
 
 def _validity(valid: np.ndarray) -> pa.Buffer:
@@ -58,16 +59,15 @@ def to_numpy(col) -> np.ndarray:
 
 
 def _numpy_dtype(t: pa.DataType) -> np.dtype:
-    for d, at in _TYPES.items():
-        if at == t:
-            return d
-    raise TypeError(f"no fixed-width numpy dtype for Arrow {t}")
+    if t not in _DTYPES:
+        raise TypeError(f"no fixed-width numpy dtype for Arrow {t}")
+    return _DTYPES[t]
 
 
 def values(col) -> np.ndarray:
     """to_numpy where COL is fixed-width (or boolean) and NULL-free; anything else through pyarrow's own
     conversion (NULLs as NaN, strings as objects)."""
-    if col.null_count == 0 and (pa.types.is_boolean(col.type) or col.type in _TYPES.values()):
+    if col.null_count == 0 and (pa.types.is_boolean(col.type) or col.type in _DTYPES):
         return to_numpy(col)
     return col.to_numpy()
 
@@ -85,8 +85,8 @@ def batch(arrays, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def filled(col, value=0) -> np.ndarray:
-    """to_numpy of a fixed-width or boolean COL with its NULL slots set to VALUE (``fill_null`` makes a pyarrow
-    scalar of VALUE, which imports pandas)."""
+    """to_numpy of a fixed-width or boolean COL with its NULL slots set to VALUE (0 is False for a boolean one;
+    ``fill_null`` makes a pyarrow scalar of VALUE, which imports pandas)."""
     v = to_numpy(col)
     if col.null_count:
         v = np.where(to_numpy(col.is_null()), np.asarray(value, dtype=v.dtype), v)
