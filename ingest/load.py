@@ -157,7 +157,7 @@ class Prepared:
 def prepare_kineto(con, path: Path, salvage: bool, slot: int) -> Prepared:
     """Hash, locate and parse one file into the scratch database, on a cursor of its own (any thread)."""
     path = Path(path)
-    cur = con.cursor()
+    cur = con.cursor()   # its default database is the in-memory one: it names every table it writes
     try:
         t = time.perf_counter()
         digest = sha256_of(path) if path.exists() else None
