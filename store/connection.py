@@ -41,7 +41,8 @@ def _open(db, read_only: bool, wait: float | None):
         try:
             if read_only:
                 return duckdb.connect(str(db), read_only=True)
-            con = duckdb.connect()
+            # spill files beside the store, where DuckDB puts them for a file it opens itself (else ./.tmp)
+            con = duckdb.connect(config={"temp_directory": f"{db}.tmp"})
             try:
                 path = str(db).replace("'", "''")
                 con.execute(f"ATTACH '{path}' AS {STORE} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")

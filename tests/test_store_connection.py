@@ -48,9 +48,10 @@ def test_a_rank_sized_transaction_skips_the_wal(tmp_path):
         assert r.execute("SELECT count(*) FROM t").fetchone()[0] == n + 1
 
 
-def test_a_store_path_with_a_quote(tmp_path):
+def test_a_store_path_with_a_quote_and_its_spill_folder(tmp_path):
     p = tmp_path / "it's.duckdb"
     con = connect(p)
+    assert con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == f"{p}.tmp"   # as DuckDB's own
     con.execute("CREATE TABLE q AS SELECT 1 AS x")
     con.close()
     with duckdb.connect(str(p), read_only=True) as r:
