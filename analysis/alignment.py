@@ -20,25 +20,69 @@ P2P_COLLS = ("send", "recv", "sendrecv", "batch_isend_irecv")
 
 
 @nb.njit(cache=True, nogil=True)
+def _select(buf, k):
+    """Reorder BUF so that buf[k] is its k-th smallest value, with nothing greater before it and nothing smaller
+    after it (np.partition's contract for one k). Quickselect on a three-way split around the median of three, so
+    runs of equal values cost no more than distinct ones; short ranges by insertion. A few plain loops: numba
+    compiles them in a fraction of a second, where np.partition takes several."""
+    lo, hi = 0, buf.size - 1
+    while hi - lo > 16:
+        a, b, c = buf[lo], buf[(lo + hi) // 2], buf[hi]
+        p = max(min(a, b), min(max(a, b), c))
+        lt, i, gt = lo, lo, hi
+        while i <= gt:
+            x = buf[i]
+            if x < p:
+                buf[i] = buf[lt]
+                buf[lt] = x
+                lt += 1
+                i += 1
+            elif x > p:
+                buf[i] = buf[gt]
+                buf[gt] = x
+                gt -= 1
+            else:
+                i += 1
+        if k < lt:
+            hi = lt - 1
+        elif k > gt:
+            lo = gt + 1
+        else:
+            return
+    for i in range(lo + 1, hi + 1):
+        x = buf[i]
+        j = i - 1
+        while j >= lo and buf[j] > x:
+            buf[j + 1] = buf[j]
+            j -= 1
+        buf[j + 1] = x
+
+
+@nb.njit(cache=True, nogil=True)
 def _group_medians(o, edges, v):
-    """The median of v within each group of a group order (o, edges): the middle value, or the mean of the two
-    middle values as float64 for an even count (np.median's); NaN where a group is empty."""
+    """The median of v (float64) within each group of a group order (o, edges): the middle value, or the mean of
+    the two middle values for an even count (np.median's); NaN where a group is empty."""
     out = np.full(edges.size - 1, np.nan)
+    big = 0
+    for k in range(edges.size - 1):
+        big = max(big, edges[k + 1] - edges[k])
+    buf = np.empty(big, np.float64)
     for k in range(edges.size - 1):
         a, n = edges[k], edges[k + 1] - edges[k]
         if n == 0:
             continue
-        buf = np.empty(n, v.dtype)
+        b = buf[:n]
         for j in range(n):
-            buf[j] = v[o[a + j]]
-        if n <= 64:  # many small groups (collectives): sort each
-            buf.sort()
-            lo, hi = buf[(n - 1) // 2], buf[n // 2]
-        else:  # few big groups (ranks): one selection each
-            buf = np.partition(buf, n // 2)
-            hi = buf[n // 2]
-            lo = hi if n % 2 else buf[:n // 2].max()
-        out[k] = (np.float64(lo) + np.float64(hi)) / 2
+            b[j] = v[o[a + j]]
+        m = n // 2
+        _select(b, m)
+        hi = b[m]
+        lo = hi
+        if n % 2 == 0:      # the largest of the lower half
+            lo = b[0]
+            for j in range(1, m):
+                lo = max(lo, b[j])
+        out[k] = (lo + hi) / 2
     return out
 
 
@@ -55,7 +99,9 @@ def _estimate_offsets(gm, rm_, em, G, R):
     orr, n_m, er_ = group_order(rm_, R)
     off = np.zeros(R, np.int64)
     n = em.size
-    adj = np.empty(n, np.int64)
+    # in float64 (exact below 2^53 ns, times being relative to the first collective end; beyond, each median is
+    # that of the rounded values, which is the rounded median: rounding keeps the order)
+    adj = np.empty(n, np.float64)
     dev = np.empty(n, np.float64)
     for _ in range(2):  # refine once with the offsets found
         for i in range(n):

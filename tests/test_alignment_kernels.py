@@ -126,3 +126,37 @@ def test_offset_estimate_matches_numpy_medians(seed, G, R):
     for a, b in zip(got, want):
         assert np.array_equal(a, b)
     assert np.any(got[0] != 0) and (G < 5 or np.any(got[1] != 0))  # offsets found, residuals left
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_group_medians_match_numpy(seed):
+    """Groups of 1 to 700 members (the selection's short and long paths), with runs of equal values, sorted and
+    reversed runs, halves, and values past 2^53 (the median of the rounded values): np.median's answer each time."""
+    from analysis.alignment import _group_medians
+
+    rng = np.random.default_rng(seed)
+    sizes = [0, 1, 2, 3, 16, 17, 18, 64, 65, 200, 701, 700]
+    vals = []
+    for k, n in enumerate(sizes):
+        kind = (k + seed) % 5
+        if kind == 0:
+            v = rng.integers(-10**6, 10**6, n).astype(np.float64)
+        elif kind == 1:
+            v = rng.integers(0, 3, n).astype(np.float64)          # few distinct values
+        elif kind == 2:
+            v = np.sort(rng.integers(0, 10**4, n)).astype(np.float64)[::-1 if seed % 2 else 1].copy()
+        elif kind == 3:
+            v = rng.integers(-10**4, 10**4, n) + 0.5
+        else:
+            v = (rng.integers(0, 1000, n) + 2**60).astype(np.float64)
+        vals.append(v)
+    g = np.repeat(np.arange(len(sizes)), sizes)
+    v = np.concatenate(vals)
+    perm = rng.permutation(v.size)              # members of a group are not contiguous
+    g, v = g[perm], v[perm]
+    from analysis.align_kernels import group_order
+
+    o, _, edges = group_order(g, len(sizes))
+    got = _group_medians(o, edges, v)
+    want = np.array([np.median(v[g == k]) if n else np.nan for k, n in enumerate(sizes)])
+    assert np.array_equal(got, want, equal_nan=True)
