@@ -185,3 +185,44 @@ def test_zero_bubble_few_microbatches_exceeds_closed_form():
     assert r.makespan == pytest.approx(23.0)
     assert 3 * 4 + 7 < r.makespan < (4 + 7) * 3
     check_dependencies(r, 0.0)
+
+
+def _cases():
+    for schedule in ("gpipe", "1f1b", "interleaved", "zero-bubble"):
+        for p, m in itertools.product((1, 2, 3, 4, 8), (1, 2, 4, 8, 16)):
+            for v in ((1, 2, 3) if schedule == "interleaved" else (1,)):
+                if schedule == "interleaved" and m % p:
+                    continue
+                yield schedule, p, m, v
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zero-bubble"])
+def test_small_p2p_latency_moves_every_stage_little(schedule):
+    # the step is continuous in t_p2p: a latency of t moves the makespan and every stage's idle time by at most
+    # the hops of one chain through the pipeline (a micro-batch down and up the p·v virtual stages, and one hop
+    # per micro-batch handed on in the steady state) times t, and never down; a greedy order that flips on a
+    # tie (ZB-H1 running a W because its B arrives t after the stage frees up) jumps by a whole task instead
+    for sched, p, m, v in _cases():
+        if sched != schedule:
+            continue
+        for t_f, t_b, t_w in ((1000.0, 1000.0, 1000.0), (1000.0, 2000.0, 700.0), (700.0, 1300.0, 1900.0)):
+            base = simulate(schedule, p, m, v, t_f=t_f, t_b=t_b, t_w=t_w)
+            prev = base
+            for t in (0.25, 1.0, 3.0):
+                r = simulate(schedule, p, m, v, t_f=t_f, t_b=t_b, t_w=t_w, t_p2p=t)
+                hops = 2 * (p * v + m)
+                assert base.makespan - 1e-9 <= r.makespan <= base.makespan + hops * t + 1e-9, (sched, p, m, v, t)
+                assert prev.makespan - 1e-9 <= r.makespan
+                for s in range(p):
+                    assert abs(r.idle[s] - base.idle[s]) <= hops * t + 1e-9, (sched, p, m, v, t, s)
+                prev = r
+
+
+def test_zero_bubble_with_a_tiny_p2p_latency_keeps_its_schedule():
+    # p = 8, m = 16: one unit of latency used to flip stage 0 onto a W ahead of its B (idle 7000 -> 12014)
+    a = simulate("zero-bubble", 8, 16, 1, t_f=1000, t_b=1000, t_w=1000)
+    b = simulate("zero-bubble", 8, 16, 1, t_f=1000, t_b=1000, t_w=1000, t_p2p=1)
+    assert a.idle[0] == pytest.approx(7000)
+    assert a.order == b.order
+    assert 7000 < b.idle[0] <= 7000 + 2 * (8 + 16)
+    check_dependencies(b, 1)

@@ -10,10 +10,14 @@ gradient half B, the weight-gradient half being W) of one model chunk. Dependenc
 - t_p2p is added to every dependency that crosses stages.
 
 Each stage runs one task at a time. gpipe, 1f1b and interleaved (Megatron's order) run a fixed order per stage;
-zero-bubble (ZB-H1, Qi et al. 2024) is list-scheduled greedily — when a stage is free it runs a ready B, else a
-ready F if fewer than p − s micro-batches are between their F and B (1F1B's activation memory), else a pending W,
-so the W passes fill what would be 1F1B's bubbles. With m ≥ p and t_f = t_b = t_w this reaches Table 2's
-(p−1)(t_f + t_b − t_w); with m < p it stays above it (no steady state). DualPipe is not simulated.
+zero-bubble (ZB-H1, Qi et al. 2024) is a fixed order per stage too, like the paper's handcrafted schedule: the
+order a greedy list scheduler gives without P2P latency — when a stage is free it runs a ready B, else a ready F if
+fewer than p − s micro-batches are between their F and B (1F1B's activation memory), else a pending W, so the W
+passes fill what would be 1F1B's bubbles — then run with the real t_p2p. Greedy on the real t_p2p would flip on
+a tie (a B arriving t_p2p after its stage frees up loses to a W, which then delays it by a whole t_w), so the step
+time would jump with an infinitesimal latency; a fixed order moves by at most the hops on its longest chain times
+t_p2p. With m ≥ p and t_f = t_b = t_w this reaches Table 2's (p−1)(t_f + t_b − t_w); with m < p it stays above it
+(no steady state). DualPipe is not simulated.
 
 Times are per stage and micro-batch for the whole stage: with v chunks each chunk takes t_f / v and t_b / v.
 Without t_w (gpipe, 1f1b, interleaved) the backward is t_b; with t_w it is t_b + t_w (same convention as
@@ -144,9 +148,10 @@ def _run_fixed(orders, p, v, dur, t_p2p, split_w=False):
     return start, end, orders
 
 
-def _run_zb_h1(p, m, dur, t_p2p):
-    """Greedy list scheduling of ZB-H1: each free stage takes a ready B, else a ready F while fewer than p − s
-    micro-batches sit between their F and B, else a pending W; with nothing to run it waits for the next input."""
+def order_zb_h1(p, m, dur):
+    """The per-stage order of ZB-H1: greedy list scheduling without P2P latency — each free stage takes a ready
+    B, else a ready F while fewer than p − s micro-batches sit between their F and B, else a pending W; with
+    nothing to run it waits for the next input."""
     start, end = {}, {}
     free = [0.0] * p
     nf, nb, nw = [0] * p, [0] * p, [0] * p    # next F / B / W micro-batch per stage (all in order)
@@ -155,7 +160,7 @@ def _run_zb_h1(p, m, dur, t_p2p):
     eps = 1e-12
 
     def ready_at(task):
-        deps = dependencies(task, p, 1, True, t_p2p)
+        deps = dependencies(task, p, 1, True, 0.0)
         if any(d not in end for d, _ in deps):
             return None
         return max([0.0] + [end[d] + h for d, h in deps])
@@ -192,7 +197,7 @@ def _run_zb_h1(p, m, dur, t_p2p):
             nb[s] += 1
         else:
             nw[s] += 1
-    return start, end, orders
+    return orders
 
 
 def simulate(schedule: str, p: int, m: int, v: int = 1, *, t_f: float, t_b: float, t_w: float | None = None,
@@ -208,7 +213,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, *, t_f: float, t_b: floa
         if t_w is None:
             raise ValueError("zero-bubble needs t_w, the weight-gradient half of the backward")
         dur = {"F": t_f, "B": t_b, "W": t_w}
-        start, end, orders = _run_zb_h1(p, m, dur, t_p2p)
+        start, end, orders = _run_fixed(order_zb_h1(p, m, dur), p, 1, dur, t_p2p, split_w=True)
     else:
         dur = {"F": t_f / v, "B": (t_b + (t_w or 0.0)) / v}
         if schedule == "gpipe":
