@@ -2,7 +2,7 @@
 with known, planted timings.  Standard library only.
 
     python -m sample_traces.generate OUT_DIR [--ranks 4] [--steps 3] [--seed 0] [--gzip] [--target-mb N]
-        [--gemm-scale F] [--straggler-delay-ns N] [--host-gap-ns N]
+        [--gemm-scale F] [--straggler-delay-ns N] [--host-gap-ns N] [--host-op-ns N | --cpu-ahead-ns N]
 
 writes ``OUT_DIR/rank-<r>.json`` (``.json.gz`` with --gzip) and ``OUT_DIR/ground_truth.json``.
 ``generate(out_dir, ...)`` does the same and returns the ground-truth dict.
@@ -25,6 +25,25 @@ from pathlib import Path
 
 from .kineto_writer import *  # noqa: F401,F403  (the generators import the writer's names from here too)
 from .kineto_writer import _TAILS, _j, _union_ns  # noqa: F401
+
+
+# ====================================================================== host pacing
+class PacedRankTrace(RankTrace):
+    """A rank whose host is paced against its GPU before each compute kernel's launch (the launches after a
+    planted gap excepted): HOST_OP_NS of untraced host time first (Python, dispatch: a launch-bound job whose GPU
+    starves when kernels are shorter), or held back until the GPU is within CPU_AHEAD_NS of the launch (a full
+    launch queue, a busy-poll: a GPU-bound job whose host runs that far ahead of its GPU). No random draw
+    changes: the job is its unpaced twin's, paced."""
+
+    host_op_ns = 0
+    cpu_ahead_ns = None
+
+    def op_kernel(self, cpu_name, kname, kdur, rt_at=None, stream=COMPUTE_STREAM, compute=True):
+        if rt_at is None:
+            self.c += self.host_op_ns
+            if self.cpu_ahead_ns is not None:
+                self.c = max(self.c, self.g - self.cpu_ahead_ns)
+        return super().op_kernel(cpu_name, kname, kdur, rt_at=rt_at, stream=stream, compute=compute)
 
 
 # ====================================================================== data-parallel steps
@@ -192,15 +211,20 @@ def _phase_after_collective(rt: RankTrace, coll_end, st):
 
 
 def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm_scale=1.0,
-             straggler_delay_ns=STRAGGLER_DELAY_NS, host_gap_ns=HOST_GAP_NS):
+             straggler_delay_ns=STRAGGLER_DELAY_NS, host_gap_ns=HOST_GAP_NS, host_op_ns=0, cpu_ahead_ns=None):
     """Write rank-<r>.json[.gz] + ground_truth.json into out_dir; return the ground truth dict. GEMM_SCALE
     stretches every GEMM kernel (the same seed's job with slower GEMMs: every other draw is the same).
     STRAGGLER_DELAY_NS: how late the last rank arrives at the all-reduce of step index STRAGGLER_STEP_INDEX
     after the others; 0 = it arrives when its own GPU work is done (the twin without the straggler).
     HOST_GAP_NS: the planted host launch gap of each step (>= 50 us); 0 = the kernel after the aten::item
-    sync is launched as soon as the sync returns. Twins share every random draw."""
+    sync is launched as soon as the sync returns. HOST_OP_NS / CPU_AHEAD_NS pace the host (PacedRankTrace): that
+    much host time before each compute launch, or the host held within that much of its GPU. Twins share every
+    random draw."""
     if host_gap_ns and host_gap_ns < 50_000:
         raise ValueError(f"host_gap_ns {host_gap_ns}: 0 or at least 50000")
+    if host_op_ns < 0 or (cpu_ahead_ns is not None and cpu_ahead_ns < 0):
+        raise ValueError(f"host_op_ns {host_op_ns}, cpu_ahead_ns {cpu_ahead_ns}: must be >= 0")
+    paced = bool(host_op_ns) or cpu_ahead_ns is not None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     W = int(ranks)
@@ -211,9 +235,12 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm
     target_bytes = int(target_mb * MIB) if target_mb else 0
     ext = ".json.gz" if gzip else ".json"
     files = [f"rank-{r}{ext}" for r in range(W)]
-    rts = [RankTrace(r, W, offsets[r], random.Random(seed * 1000 + 17 + r)) for r in range(W)]
+    rts = [(PacedRankTrace if paced else RankTrace)(r, W, offsets[r], random.Random(seed * 1000 + 17 + r))
+           for r in range(W)]
     for rt in rts:
         rt.gemm_scale = float(gemm_scale)
+        if paced:
+            rt.host_op_ns, rt.cpu_ahead_ns = int(host_op_ns), cpu_ahead_ns
     fhs = [open_out(out / files[r], gzip) for r in range(W)]
     written = [0] * W
     pg_ranks = list(range(W))
@@ -325,6 +352,7 @@ def generate(out_dir, ranks=4, steps=3, seed=0, gzip=False, target_mb=None, gemm
                       "compute_stream": COMPUTE_STREAM, "comm_stream": COMM_STREAM},
         "straggler": straggler,
         "collectives": collectives,
+        **({"host_pacing": {"host_op_ns": host_op_ns, "cpu_ahead_ns": cpu_ahead_ns}} if paced else {}),
         "ranks": [],
     }
     for r, rt in enumerate(rts):
@@ -379,11 +407,17 @@ def main(argv=None):
                     help="the planted straggler's late arrival (0: the same job without it)")
     ap.add_argument("--host-gap-ns", type=int, default=HOST_GAP_NS,
                     help="the planted host launch gap per step (0: the same job without it)")
+    pace = ap.add_mutually_exclusive_group()
+    pace.add_argument("--host-op-ns", type=int, default=0,
+                      help="host time before each compute launch (a launch-bound job when kernels are shorter)")
+    pace.add_argument("--cpu-ahead-ns", type=int, default=None,
+                      help="hold the host within N ns of its GPU (a GPU-bound job, the host that far ahead)")
     ap.add_argument("--target-mb", type=float, default=None,
                     help="repeat steps (32 layers/step) until every rank file is >= N MiB (uncompressed)")
     a = ap.parse_args(argv)
     gt = generate(a.out_dir, ranks=a.ranks, steps=a.steps, seed=a.seed, gzip=a.gzip, target_mb=a.target_mb,
-                  gemm_scale=a.gemm_scale, straggler_delay_ns=a.straggler_delay_ns, host_gap_ns=a.host_gap_ns)
+                  gemm_scale=a.gemm_scale, straggler_delay_ns=a.straggler_delay_ns, host_gap_ns=a.host_gap_ns,
+                  host_op_ns=a.host_op_ns, cpu_ahead_ns=a.cpu_ahead_ns)
     print(json.dumps({"out_dir": a.out_dir, "ranks": gt["world_size"], "steps": gt["num_steps"],
                       "bytes": [r["uncompressed_bytes"] for r in gt["ranks"]]}))
 
