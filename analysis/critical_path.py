@@ -5,9 +5,12 @@ Walking back from the latest sink along each node's binding in-edge gives pieces
 before an op (its lag), a collective's transfer after the last arrival, a launch's latency, the host's own time
 between two calls on a thread, a synchronize's wake-up, and before the path's first node a gap. Where a
 collective's last arrival binds, the path leaves the rank for the rank that arrived last. Each piece is split by
-its rank's ledger partition (ledger_intervals, aligned); host pieces keep io, idle, bubble and host where the
-GPU waited, and are host where the GPU was busy. Stored in ``critical_path``; pieces are contiguous in aligned
-time and cover the step exactly.
+its rank's ledger partition of that step (ledger_intervals, aligned) and carries the ledger the partition holds
+there, so the path never charges a rank's ledger more than the rank's own step does. Host-side pieces keep io,
+idle, bubble and host where the GPU waited; where the GPU was busy the host was waiting on it (a busy-poll, an
+implicit sync) or running ahead, and the piece is the GPU op running there. Time outside the rank's own step
+window (before it began the step, after it ended it) is a gap on the rank whose window holds it. Stored in
+``critical_path``; pieces are contiguous in aligned time and cover the step exactly.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numba as nb
 import numpy as np
 
 from analysis.intervals import i64 as _i64
+from analysis.intervals import union
 from analysis.ledgers import LEDGER_ID, LEDGERS
 from analysis import step_graph as sg
 from store.connection import append_arrow
@@ -28,7 +32,9 @@ K_OP, K_TRANSFER, K_WAIT, K_LAUNCH, K_HOST, K_SYNC, K_GAP = range(7)
 LAG_KIND = np.array([K_WAIT, K_TRANSFER, K_WAIT, K_HOST, K_SYNC, K_WAIT], np.int64)
 OFF_KIND = np.full(10, K_WAIT, np.int64)
 OFF_KIND[[sg.E_LAUNCH, sg.E_HOST, sg.E_SYNC_H, sg.E_SYNC_G]] = [K_LAUNCH, K_HOST, K_SYNC, K_SYNC]
+# ledgers where the GPU is running an op, and the pieces that are the host's (or nobody's) time
 BUSY = np.array([LEDGER_ID[x] for x in ("compute", "recompute", "exposed_comm", "memcpy", "straggler")])
+HOST_SIDE = np.array([K_LAUNCH, K_HOST, K_SYNC, K_GAP])
 
 
 class CriticalPathError(Exception):
@@ -94,10 +100,9 @@ def walk(sink, t0, t, best, src, fe, off, kind, dur, lag, typ, rank, lag_kind, o
 
 
 @nb.njit(cache=True, nogil=True)
-def split(pr, pk, pa, pb, rptr, ls, le, ll, busy_to_host, host_id, idle_id, default):
-    """Each piece [pa, pb) on rank pr cut by that rank's ledger intervals (rows rptr[r]..rptr[r+1] of ls/le/ll,
-    sorted, disjoint); time outside them gets DEFAULT[kind]. Host-kind pieces over busy ledgers count as host.
-    Returns (piece index, ledger, start, end)."""
+def split(pr, pa, pb, rptr, ls, le):
+    """Each piece [pa, pb) on rank pr cut by that rank's ledger intervals (rows rptr[r]..rptr[r+1] of ls/le,
+    sorted, disjoint). Returns (piece index, interval row or -1 where none holds the time, start, end)."""
     n = pr.size
     cap = 2 * n + 16
     out = np.empty((cap, 4), np.int64)
@@ -118,34 +123,88 @@ def split(pr, pk, pa, pb, rptr, ls, le, ll, busy_to_host, host_id, idle_id, defa
         while x < pb[i]:
             if j < hi and ls[j] <= x:
                 y = min(le[j], pb[i])
-                lab = ll[j]
+                row = j
                 j += 1
             else:
                 y = pb[i] if j >= hi else min(ls[j], pb[i])
-                lab = default[pk[i]]
-            if busy_to_host[pk[i]] and (lab == 0 or lab == 1 or lab == 3 or lab == 4 or lab == 7):
-                lab = host_id
+                row = -1
             if y > x:
                 if k == cap:
                     cap *= 2
                     nw = np.empty((cap, 4), np.int64)
                     nw[:k] = out[:k]
                     out = nw
-                out[k, 0], out[k, 1], out[k, 2], out[k, 3] = i, lab, x, y
+                out[k, 0], out[k, 1], out[k, 2], out[k, 3] = i, row, x, y
                 k += 1
             x = y
     return out[:k]
 
 
-def _ledger_intervals(con, job, offsets, ranks):
-    li = con.execute("SELECT rank, ledger, start_ns, end_ns FROM ledger_intervals WHERE job = ? "
-                     "ORDER BY rank, start_ns", [job]).fetchnumpy()
-    lr = _i64(li["rank"])
-    off = np.array([int(offsets.get(int(r), 0) or 0) for r in lr], np.int64) if lr.size else np.zeros(0, np.int64)
+def _ledger_intervals(con, job, offsets):
+    """{step: (rptr by rank, starts, ends, ledger ids, op names)} of JOB's ledger intervals, aligned, and
+    {step: {rank: (window start, window end)}} of its step windows, aligned."""
+    li = con.execute("SELECT step, rank, ledger, start_ns, end_ns, op_name FROM ledger_intervals WHERE job = ? "
+                     "ORDER BY step, rank, start_ns", [job]).fetchnumpy()
+    ws = con.execute("SELECT step, rank, start_ns, end_ns FROM step_windows WHERE job = ?", [job]).fetchall()
+    off = {int(r): int(o or 0) for r, o in offsets.items()}
+    wins: dict = {}
+    for st, r, a, b in ws:
+        wins.setdefault(int(st), {})[int(r)] = (int(a) - off.get(int(r), 0), int(b) - off.get(int(r), 0))
+    lst, lr = _i64(li["step"]), _i64(li["rank"])
+    shift = np.array([off.get(int(r), 0) for r in lr], np.int64) if lr.size else np.zeros(0, np.int64)
     lab = np.array([LEDGER_ID[x] for x in li["ledger"]], np.int64) if lr.size else np.zeros(0, np.int64)
-    rmax = max(int(ranks.max()) if ranks.size else 0, int(lr.max()) if lr.size else 0) + 1
-    rptr = np.searchsorted(lr, np.arange(rmax + 1))
-    return rptr, _i64(li["start_ns"]) - off, _i64(li["end_ns"]) - off, lab
+    ls, le = _i64(li["start_ns"]) - shift, _i64(li["end_ns"]) - shift
+    names = np.asarray(li["op_name"], dtype=object)
+    rmax = max([int(lr.max()) if lr.size else 0] + [max(w) for w in wins.values() if w]) + 1
+    out = {}
+    for st in np.unique(lst):
+        a, b = np.searchsorted(lst, [st, st + 1])
+        rptr = a + np.searchsorted(lr[a:b], np.arange(rmax + 1))
+        out[int(st)] = (rptr, ls, le, lab, names)
+    return out, wins
+
+
+def _place(p, wins):
+    """Pieces (rank, kind, node, start, end) with the time outside their rank's step window moved to the ranks
+    whose window holds it: before the rank's window to the rank that opened the step first, after it to the rank
+    that closed it last (as gaps: the path's rank had not begun the step, or had ended it). The partition of a
+    rank's step charges only that rank's window, so no rank is charged the path's time outside its own step."""
+    if not wins:
+        return p
+    w0 = np.array([wins.get(int(r), (0, 0))[0] for r in p[:, 0]], np.int64)
+    w1 = np.array([wins.get(int(r), (0, 0))[1] for r in p[:, 0]], np.int64)
+    inside = (p[:, 3] >= w0) & (p[:, 4] <= w1) & np.isin(p[:, 0], list(wins))
+    if inside.all():
+        return p
+    openers = sorted(wins, key=lambda r: (wins[r][0], r))
+    closers = sorted(wins, key=lambda r: (-wins[r][1], r))
+    out = []
+    for i in range(p.shape[0]):
+        r, k, v, a, b = (int(x) for x in p[i])
+        if inside[i]:
+            out.append((r, k, v, a, b))
+            continue
+        lo, hi = wins.get(r, (b, b))
+        parts = [(max(a, lo), min(b, hi), True)] if r in wins else []
+        parts += [(a, min(b, lo), False), (max(a, hi), b, False)]
+        for x, y, own in sorted(parts):
+            if y <= x:
+                continue
+            if own:
+                out.append((r, k, v, x, y))
+                continue
+            while x < y:
+                cands = openers if x < lo else closers
+                q = next((q for q in cands if wins[q][0] <= x < wins[q][1]), None)
+                if q is None:  # no rank's window holds it: left on the path's rank, uncharged
+                    nxt = min([wins[q][0] for q in wins if wins[q][0] > x] + [y])
+                    out.append((r, K_GAP, -1, x, nxt))
+                    x = nxt
+                else:
+                    e = min(y, wins[q][1])
+                    out.append((q, K_GAP, -1, x, e))
+                    x = e
+    return np.array(out, np.int64).reshape(-1, 5)
 
 
 def paths(g, t, best, lag, dur, off, steps=None):
@@ -167,11 +226,38 @@ def paths(g, t, best, lag, dur, off, steps=None):
     return out
 
 
+def on_gpu_kinds(g, t, dur, pieces):
+    """The kinds of PIECES (a path of the graph G replayed to times T with durations DUR) with every host-side
+    part over a GPU op of its rank in that replay counted as that op: the projected timeline has no ledger
+    partition, so its GPU ops' union is the busy time (the measured path, critical_path, uses the partition).
+    Returns (kind, start, end) rows, pieces cut where that changes."""
+    n = g["nodes"]
+    gs = np.flatnonzero(n["typ"] == sg.GS)
+    gr, a, b = n["rank"][gs], t[gs], t[gs] + dur[gs]
+    o = np.lexsort((a, gr))
+    gr, a, b = gr[o], a[o], b[o]
+    rmax = int(max(gr.max() if gr.size else 0, pieces[:, 0].max() if pieces.size else 0)) + 1
+    us, ue, ur = [], [], []
+    for r in np.unique(gr):
+        m = gr == r
+        s_, e_ = union(a[m], b[m])
+        us.append(s_)
+        ue.append(e_)
+        ur.append(np.full(s_.size, r, np.int64))
+    us, ue, ur = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (us, ue, ur))
+    rptr = np.searchsorted(ur, np.arange(rmax + 1))
+    cut = split(pieces[:, 0], pieces[:, 3], pieces[:, 4], rptr, _i64(us), _i64(ue))
+    kind = pieces[cut[:, 0], 1].copy()
+    kind[np.isin(kind, HOST_SIDE) & (cut[:, 1] >= 0)] = K_OP
+    return np.stack([kind, cut[:, 2], cut[:, 3]], axis=1) if cut.size else np.zeros((0, 3), np.int64)
+
+
 def _names(g, pieces):
     ops, nodes = g["ops"], g["nodes"]
-    opn = nodes["op"][pieces[:, 2]]
+    nd = pieces[:, 2]
+    opn = np.where(nd >= 0, nodes["op"][np.maximum(nd, 0)], -1)
     names = np.asarray(ops["name"], dtype=object)
-    typ = nodes["typ"][pieces[:, 2]]
+    typ = np.where(nd >= 0, nodes["typ"][np.maximum(nd, 0)], -1)
     res = np.where(opn >= 0, names[np.maximum(opn, 0)] if names.size else "", None)
     res = np.where((opn < 0) & (typ == sg.HE), "synchronize", res)
     res = np.where((opn < 0) & (typ == sg.H), "synchronize", res)
@@ -194,30 +280,50 @@ def critical_path(con, job: str, steps=None, store: bool = True) -> dict:
     ps = paths(g, t, best, g["lag"], n["dur"], g["off"], steps)
     if steps is not None and not ps:
         raise CriticalPathError(f"job {job!r} has no step {', '.join(map(str, sorted(steps)))}")
-    rptr, ls, le, ll = _ledger_intervals(con, job, g["offsets"], np.unique(n["rank"]))
-    default = np.array([LEDGER_ID[x] for x in ("compute", "exposed_comm", "idle", "host", "host", "host",
-                                               "idle")], np.int64)
-    to_host = np.array([0, 0, 0, 1, 1, 1, 0], np.bool_)
+    ivs, wins = _ledger_intervals(con, job, g["offsets"])
     rows, summary = [], []
     for st, p in ps.items():
-        cut = split(p[:, 0], p[:, 1], p[:, 3], p[:, 4], rptr, ls, le, ll, to_host, LEDGER_ID["host"],
-                    LEDGER_ID["idle"], default)
-        pc = p[cut[:, 0]]
-        names = _names(g, pc)
-        rk = pc[:, 0]
-        offv = np.array([int(g["offsets"].get(int(r), 0) or 0) for r in rk], np.int64)
-        a, b = cut[:, 2], cut[:, 3]
-        keep = _coalesce(rk, pc[:, 1], cut[:, 1], names, a, b)
-        starts = a[keep]
-        ends = np.append(starts[1:], b[-1]) if keep.size else b[keep]
-        step_rows = {"step": st, "rank": rk[keep], "kind": [KINDS[k] for k in pc[keep, 1]], "op_name": names[keep],
-                     "start_ns": starts + offv[keep], "end_ns": ends + offv[keep], "aligned_start_ns": starts,
-                     "aligned_end_ns": ends, "ledger": [LEDGERS[x] for x in cut[keep, 1]]}
+        step_rows = _charge(g, _place(p, wins.get(st, {})), ivs.get(st))
+        step_rows["step"] = st
         rows.append(step_rows)
         summary.append(_summary(st, step_rows, g["step_start"][st], int(t[_sink_end(g, t, st)])))
     if store:
         _store(con, job, rows, steps)
     return {"steps": summary, "rows": rows}
+
+
+def _charge(g, p, iv):
+    """The rows of one step's pieces P cut by their rank's ledger intervals IV of that step: each part carries the
+    ledger the rank's partition holds there (none, NULL, where no rank's step window holds the time). A host-side
+    part (the host's own time, a launch, a synchronize's wake-up, a gap) over GPU work (a busy ledger) is the GPU
+    op running there, with its name: the host was waiting on it or running ahead of it, and the GPU, not the
+    host, set the time."""
+    if iv is None:
+        rptr, ls, le = np.zeros(int(p[:, 0].max()) + 2 if p.size else 1, np.int64), np.zeros(0, np.int64), \
+            np.zeros(0, np.int64)
+        lab, inames = np.zeros(0, np.int64), np.zeros(0, dtype=object)
+    else:
+        rptr, ls, le, lab, inames = iv
+        if p.size and int(p[:, 0].max()) + 1 >= rptr.size:
+            rptr = np.concatenate([rptr, np.full(int(p[:, 0].max()) + 2 - rptr.size, rptr[-1])])
+    cut = split(p[:, 0], p[:, 3], p[:, 4], rptr, ls, le)
+    pc = p[cut[:, 0]]
+    row = cut[:, 1]
+    led = np.where(row >= 0, lab[np.maximum(row, 0)] if lab.size else -1, -1)
+    names = _names(g, pc)
+    kind = pc[:, 1].copy()
+    on_gpu = np.isin(kind, HOST_SIDE) & np.isin(led, BUSY) & (row >= 0)
+    kind[on_gpu] = K_OP
+    names[on_gpu] = inames[row[on_gpu]]
+    rk = pc[:, 0]
+    offv = np.array([int(g["offsets"].get(int(r), 0) or 0) for r in rk], np.int64)
+    a, b = cut[:, 2], cut[:, 3]
+    keep = _coalesce(rk, kind, led, names, a, b)
+    starts = a[keep]
+    ends = np.append(starts[1:], b[-1]) if keep.size else b[keep]
+    return {"rank": rk[keep], "kind": [KINDS[k] for k in kind[keep]], "op_name": names[keep],
+            "start_ns": starts + offv[keep], "end_ns": ends + offv[keep], "aligned_start_ns": starts,
+            "aligned_end_ns": ends, "ledger": [LEDGERS[x] if x >= 0 else None for x in led[keep]]}
 
 
 def _sink_end(g, t, st):
@@ -242,7 +348,8 @@ def _summary(st, r, t0, t1):
     by_r = {int(x): int(d[rk == x].sum()) for x in np.unique(rk)}
     items: dict = {}
     for i in range(d.size):
-        key = (int(rk[i]), r["ledger"][i], r["op_name"][i] if r["kind"][i] in ("op", "transfer") else r["kind"][i])
+        what = r["op_name"][i] if r["kind"][i] in ("op", "transfer") else r["kind"][i]
+        key = (int(rk[i]), r["ledger"][i] or "-", what)
         items[key] = items.get(key, 0) + int(d[i])
     top = sorted(items.items(), key=lambda kv: -kv[1])[:10]
     return {"step": st, "start_ns": t0, "end_ns": t1, "window_ns": t1 - t0, "length_ns": int(d.sum()),

@@ -166,8 +166,9 @@ class Graph:
 
 def whatif(con, job: str, remove=(), scale=None, steps=None) -> dict:
     """The step times of JOB measured and projected with REMOVE/SCALE, per step and rank, and the projected
-    critical path's length by piece kind and rank."""
-    from analysis.critical_path import KINDS, paths
+    critical path's length by piece kind (the host's time over a running GPU op counted as that op, as in
+    analysis.critical_path) and rank."""
+    from analysis.critical_path import KINDS, on_gpu_kinds, paths
 
     G = Graph(con, job)
     base = G.step_times(G.base[0])
@@ -182,9 +183,10 @@ def whatif(con, job: str, remove=(), scale=None, steps=None) -> dict:
         pc = ps.get(st)
         kinds, ranks = {}, {}
         if pc is not None and pc.size:
-            d = pc[:, 4] - pc[:, 3]
-            for k, x in zip(pc[:, 1], d):
+            kc = on_gpu_kinds(G.g, t, dur, pc)
+            for k, x in zip(kc[:, 0], kc[:, 2] - kc[:, 1]):
                 kinds[KINDS[k]] = kinds.get(KINDS[k], 0) + int(x)
+            d = pc[:, 4] - pc[:, 3]
             for r, x in zip(pc[:, 0], d):
                 ranks[int(r)] = ranks.get(int(r), 0) + int(x)
         rows.append({"step": st, "measured_ns": m, "projected_ns": p, "saved_ns": m - p,

@@ -13,6 +13,7 @@ from analysis.critical_path import CriticalPathError, critical_path
 from analysis.whatif import WhatIfError, rank_removals, whatif
 from conftest import ROOT, SHARED_TRACES, needs_shared
 from ingest.load import ingest_paths, load_kineto
+from path_ledgers import assert_path_within_ledgers
 from sample_traces.generate import generate
 from store.connection import connect
 
@@ -80,6 +81,21 @@ def test_paths_are_contiguous_and_cover_each_step_window(store):
         assert r[6] - r[3] == off[r[0]] and r[7] - r[4] == off[r[0]]
 
 
+def test_paths_charge_no_rank_more_than_its_ledgers(store):
+    db, _ = store
+    con = connect(db, read_only=True)
+    for job in list(JOBS) + ["pp"]:
+        assert_path_within_ledgers(con, job)
+    # the planted job's steps: the host is on the path only where the GPU waited for it
+    for step in (10, 11, 12):
+        p = _path(con, "planted", step)
+        host = {}
+        for r in p:
+            if r[5] == "host":
+                host[r[0]] = host.get(r[0], 0) + r[4] - r[3]
+        assert sum(host.values()) < 0.25 * (p[-1][4] - p[0][3])
+
+
 def test_the_straggler_step_runs_through_the_late_rank(store):
     db, truth = store
     con = connect(db, read_only=True)
@@ -109,7 +125,12 @@ def test_1f1b_path_climbs_the_stages_in_warm_up_and_descends_in_cool_down(store)
     db, _ = store
     con = connect(db, read_only=True)
     (step,) = _windows(con, "pp")
-    seq = [k for k, _ in itertools.groupby(r[0] for r in _path(con, "pp", step))]
+    # before stage 0's window begins (its first op is the path's first node) the path is a gap on the stage whose
+    # window opened the step, waiting in its recv: a bubble
+    p = _path(con, "pp", step)
+    lead = list(itertools.takewhile(lambda r: r[1] == "gap", p))
+    assert all(r[5] == "bubble" for r in lead) and sum(r[4] - r[3] for r in lead) < 1_000_000
+    seq = [k for k, _ in itertools.groupby(r[0] for r in p[len(lead):])]
     assert seq[:4] == [0, 1, 2, 3], seq  # F0 through every stage
     assert seq[-4:] == [3, 2, 1, 0], seq  # the last backward back to stage 0
     p = _path(con, "pp", step)

@@ -1,0 +1,133 @@
+"""The critical path carries the ledger partition: on every kind of job, for every (step, rank, ledger), the path's
+time charged to that ledger on that rank is at most the rank's own (tests/path_ledgers.py); and planted pairs from
+the generator: a GPU-bound job whose host runs 5 ms ahead of its GPU runs through GPU ops, a launch-bound job
+through the host, charged exactly as the host ledger."""
+import pytest
+
+from analysis.attribution import attribute_job
+from analysis.critical_path import critical_path
+from analysis.whatif import whatif
+from conftest import ROOT, SHARED_TRACES, needs_shared
+from ingest.load import ingest_paths, load_kineto
+from path_ledgers import assert_path_within_ledgers
+from sample_traces.generate import generate
+from test_attribution_shared import GPU_TRACES
+
+SAMPLES = ROOT / "sample_traces"
+
+
+def _attribute(con, job):
+    attribute_job(con, job)
+    critical_path(con, job)
+    assert_path_within_ledgers(con, job)
+
+
+def _by(con, job, step, col, where=""):
+    return dict(con.execute(f"SELECT {col}, sum(aligned_end_ns - aligned_start_ns) FROM critical_path "
+                            f"WHERE job = ? AND step = ? {where} GROUP BY ALL", [job, step]).fetchall())
+
+
+def test_shipped_and_generated_jobs(db, tmp_path):
+    from sample_traces.alltoall2023 import generate_a2a
+    from sample_traces.moe import generate_moe
+
+    ingest_paths(db, sorted((SAMPLES / "dp4").glob("rank-*.json.gz")), job="dp4")
+    _attribute(db, "dp4")
+    ingest_paths(db, sorted((SAMPLES / "pp4_1f1b").glob("stage-*.json.gz")), job="pp4")
+    _attribute(db, "pp4")
+    generate_moe(tmp_path / "moe", ranks=4, steps=2)
+    ingest_paths(db, [tmp_path / "moe"], job="moe")
+    _attribute(db, "moe")
+    generate_a2a(tmp_path / "a2a", ranks=8, steps=2, seed=3)
+    ingest_paths(db, [tmp_path / "a2a"], job="a2a")
+    _attribute(db, "a2a")
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory):
+    from store.connection import connect
+
+    d = tmp_path_factory.mktemp("paced")
+    con = connect(d / "p.duckdb")
+    # no planted gap or straggler: the pacing alone decides where the GPU waits
+    for job, kw in (("gpu_bound", {"cpu_ahead_ns": 5_000_000}), ("launch_bound", {"host_op_ns": 1_000_000})):
+        generate(d / job, ranks=2, steps=3, seed=0, host_gap_ns=0, straggler_delay_ns=0, **kw)
+        ingest_paths(con, sorted((d / job).glob("rank-*.json")), job=job)
+        _attribute(con, job)
+    yield con
+    con.close()
+
+
+def test_host_ahead_of_a_busy_gpu_is_not_on_the_path(paced):
+    steps = [s for (s,) in paced.execute("SELECT DISTINCT step FROM critical_path WHERE job = 'gpu_bound'").fetchall()]
+    assert len(steps) == 3
+    for st in steps:
+        kinds = _by(paced, "gpu_bound", st, "kind")
+        length = sum(kinds.values())
+        assert kinds["op"] >= 0.95 * length, (st, kinds)
+        host = _by(paced, "gpu_bound", st, "rank", "AND ledger = 'host'")
+        own = dict(paced.execute("SELECT rank, ns FROM ledger_totals WHERE job = 'gpu_bound' AND step = ? "
+                                 "AND ledger = 'host'", [st]).fetchall())
+        # the GPU waited on its host only around the step's syncs: as little on the path as in the ledgers
+        assert sum(host.values()) <= 0.01 * length
+        assert all(v <= own[r] + 1000 for r, v in host.items())
+    # the what-if's path (the unchanged replay) is the same story, by kind
+    for s in whatif(paced, "gpu_bound")["steps"]:
+        k = s["path_kinds"]
+        assert k["op"] >= 0.95 * sum(k.values()), k
+
+
+def test_a_starving_gpu_puts_the_host_ledger_on_the_path(paced):
+    steps = [s for (s,) in paced.execute("SELECT DISTINCT step FROM critical_path WHERE job = 'launch_bound'"
+                                         ).fetchall()]
+    assert len(steps) == 3
+    for st in steps:
+        ranks = _by(paced, "launch_bound", st, "rank")
+        length = sum(ranks.values())
+        r = max(ranks, key=ranks.get)
+        assert ranks[r] >= 0.99 * length
+        kinds = _by(paced, "launch_bound", st, "kind", f"AND rank = {int(r)}")
+        assert kinds["host"] >= 0.5 * length, kinds  # the host's own time between launches
+        host = _by(paced, "launch_bound", st, "rank", "AND ledger = 'host'").get(r, 0)
+        own = paced.execute("SELECT ns FROM ledger_totals WHERE job = 'launch_bound' AND step = ? AND rank = ? "
+                            "AND ledger = 'host'", [st, r]).fetchone()[0]
+        assert own > 0.5 * length and abs(host - own) <= 1000
+
+
+@needs_shared
+@pytest.mark.parametrize("rel", ["deepseek/train.json"] + GPU_TRACES)
+def test_shared_single_rank_traces(db, rel):
+    load_kineto(db, SHARED_TRACES / rel, "j", rank=0)
+    _attribute(db, "j")
+
+
+@needs_shared
+def test_shared_two_rank_job(db):
+    for r in (0, 1):
+        load_kineto(db, SHARED_TRACES / f"hta/trace_filter/sampled_rank-{r}.json.gz", "t")
+    _attribute(db, "t")
+
+
+@needs_shared
+def test_deepseek_path_tells_the_ledgers_story(db):
+    """One DeepSeek-V3 training rank: the host waited on its GPU (DeepEP's notify_dispatch readback among
+    others), and the GPU waited on the host for 0.042 ms: the path's host time is that, not most of the step;
+    its DeepEP dispatch/combine kernels are on the path as the partition charges the time they run: exposed_comm,
+    or compute where a compute kernel overlaps them."""
+    load_kineto(db, SHARED_TRACES / "deepseek/train.json", "ds", rank=0)
+    _attribute(db, "ds")
+    (st,) = [s for (s,) in db.execute("SELECT DISTINCT step FROM critical_path WHERE job = 'ds'").fetchall()]
+    path = _by(db, "ds", st, "ledger")
+    own = dict(db.execute("SELECT ledger, ns FROM ledger_totals WHERE job = 'ds' AND step = ?", [st]).fetchall())
+    # one rank: the path is its window, charged as its partition
+    assert {k: v for k, v in path.items() if v} == {k: v for k, v in own.items() if v}
+    assert path["host"] < 0.001 * sum(path.values())
+    deepep = db.execute("""SELECT DISTINCT ledger FROM critical_path WHERE job = 'ds' AND kind = 'op'
+                           AND (op_name ILIKE '%dispatch%' OR op_name ILIKE '%combine%')""").fetchall()
+    # what-if without the host's time tells the same story: it saves the host ledger, and the path it projects
+    # runs through GPU ops, not the host
+    w = whatif(db, "ds", remove=("host",))
+    assert abs(w["saved_ns"] - own["host"]) <= 1000
+    kinds = w["steps"][0]["path_kinds"]
+    assert kinds.get("host", 0) < 0.01 * sum(kinds.values()), kinds
+    assert "exposed_comm" in {x for (x,) in deepep} and {x for (x,) in deepep} <= {"exposed_comm", "compute"}
