@@ -2,6 +2,7 @@
 time charged to that ledger on that rank is at most the rank's own (tests/path_ledgers.py); and planted pairs from
 the generator: a GPU-bound job whose host runs 5 ms ahead of its GPU runs through GPU ops, a launch-bound job
 through the host, charged exactly as the host ledger."""
+import numpy as np
 import pytest
 
 from analysis.attribution import attribute_job
@@ -131,3 +132,19 @@ def test_deepseek_path_tells_the_ledgers_story(db):
     kinds = w["steps"][0]["path_kinds"]
     assert kinds.get("host", 0) < 0.01 * sum(kinds.values()), kinds
     assert "exposed_comm" in {x for (x,) in deepep} and {x for (x,) in deepep} <= {"exposed_comm", "compute"}
+
+
+def test_time_outside_a_ranks_step_window_goes_to_the_rank_whose_window_holds_it():
+    from analysis.critical_path import K_GAP, K_HOST, K_OP, _place
+
+    # rank 0's window [100, 200), rank 1's [50, 180), rank 2's [150, 260); the path: rank 0's host from 40 (before
+    # every window), its op to 230 (past its own window's end)
+    wins = {0: (100, 200), 1: (50, 180), 2: (150, 260)}
+    p = np.array([[0, K_HOST, 7, 40, 120], [0, K_OP, 8, 120, 230]], np.int64)
+    out = _place(p, wins)
+    assert out[:, 3].tolist() == [40, 50, 100, 120, 200] and out[:, 4].tolist() == [50, 100, 120, 200, 230]
+    assert out[:, 0].tolist() == [0, 1, 0, 0, 2]  # before any window: left on its rank, no partition charges it
+    assert out[:, 1].tolist() == [K_GAP, K_GAP, K_HOST, K_OP, K_GAP]
+    # inside their windows, pieces are untouched
+    q = np.array([[1, K_OP, 3, 60, 170]], np.int64)
+    assert (_place(q, wins) == q).all()
