@@ -30,8 +30,8 @@ KINDS = ("op", "transfer", "wait", "launch", "host", "sync", "gap")
 K_OP, K_TRANSFER, K_WAIT, K_LAUNCH, K_HOST, K_SYNC, K_GAP = range(7)
 # the piece a node's lag is, by node type (GS CE GA H HE SINK), and an edge's offset, by edge kind
 LAG_KIND = np.array([K_WAIT, K_TRANSFER, K_WAIT, K_HOST, K_SYNC, K_WAIT], np.int64)
-OFF_KIND = np.full(10, K_WAIT, np.int64)
-OFF_KIND[[sg.E_LAUNCH, sg.E_HOST, sg.E_SYNC_H, sg.E_SYNC_G]] = [K_LAUNCH, K_HOST, K_SYNC, K_SYNC]
+OFF_KIND = np.full(sg.E_SINK + 1, K_WAIT, np.int64)
+OFF_KIND[[sg.E_LAUNCH, sg.E_HOST, sg.E_SYNC_H, sg.E_SYNC_G, sg.E_IMPLICIT]] = [K_LAUNCH, K_HOST, K_SYNC, K_SYNC, K_SYNC]
 # ledgers where the GPU is running an op, and the pieces that are the host's (or nobody's) time
 BUSY = np.array([LEDGER_ID[x] for x in ("compute", "recompute", "exposed_comm", "memcpy", "straggler")])
 HOST_SIDE = np.array([K_LAUNCH, K_HOST, K_SYNC, K_GAP])

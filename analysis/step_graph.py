@@ -10,6 +10,8 @@ Nodes (times are aligned: a rank's own clock minus its offset in ``clock_offsets
   SINK  a rank's step end: the start of the next step's first GPU op (the last step: its last GPU op's end)
 Edges: per-stream order; launch -> op (the rank's least launch latency); a launch waits on its thread's previous
 host call (the host's own time, an edge offset); synchronize -> the GPU op that ended last before it returned;
+an implicit sync: a launch that follows within XSTREAM_TOL_NS the end of a GPU op issued by the host's previous
+call, the GPU busy at that call (a busy-poll or readback, no synchronize call), waits on that op;
 an op that started later than its stream and its launch allow waited on the op of another stream that ended
 last before it (within XSTREAM_TOL_NS: cudaStreamWaitEvent and the like, which the trace may not show); member
 starts -> GA -> CE. A step's graph holds the ops that start in its window on each rank, plus the next window's
@@ -25,6 +27,7 @@ import numba as nb
 import numpy as np
 
 from analysis.intervals import i64 as _i64
+from analysis.intervals import union
 
 XSTREAM_TOL_NS = 50_000
 I64_MAX = np.iinfo(np.int64).max
@@ -32,7 +35,7 @@ I64_MIN = np.iinfo(np.int64).min
 # node types
 GS, CE, GA, H, HE, SINK = 0, 1, 2, 3, 4, 5
 # edge kinds (in-edges are tried in this order: on a tie the first wins, GPU-side before host-side)
-E_STREAM, E_XSTREAM, E_CE_OWN, E_SYNC_G, E_GA, E_MEMBER, E_LAUNCH, E_HOST, E_SYNC_H, E_SINK = range(10)
+E_STREAM, E_XSTREAM, E_CE_OWN, E_SYNC_G, E_IMPLICIT, E_GA, E_MEMBER, E_LAUNCH, E_HOST, E_SYNC_H, E_SINK = range(11)
 # the order of node types at one instant (an edge against it is left out: only zero-length cases)
 _CLASS = {H: 0, HE: 1, GS: 2, GA: 3, CE: 4, SINK: 5}
 SYNC_NAMES = "(name ILIKE '%synchronize%')"
@@ -180,13 +183,38 @@ def _window_graph(b, r, step, w1, rows, S, E, stream, coll, hl, la, th, sink, ys
             pf, pl, pk = first[so][:-1], last[so][:-1], kinds[so][:-1]
             ps, pe, nx, ns = starts[so][:-1], ends[so][:-1], first[so][1:], starts[so][1:]
             ret = (pk == 1) & (ns >= pe)  # after a sync, from its return
-            b.edges(np.where(ret, pl, pf), nx, ns - np.where(ret, pe, ps), 0, E_HOST)
+            pt = np.where(ret, pe, ps)
+            b.edges(np.where(ret, pl, pf), nx, ns - pt, 0, E_HOST)
+            nl = kinds[so][1:] == 0
+            _implicit_syncs(b, nx[nl], ns[nl], pt[nl], S[:k], E[:k], np.where(hl, la, S)[:k], Es, eo, end_node,
+                            end_fe)
     sk = b.nodes(SINK, r, step, np.array([w1]))
     if sink:
         b.edges(gs[-1:], sk, 0, 0, E_SINK)
     elif k:
         li = int(np.argmax(E[:k]))
         b.edges(end_node[li:li + 1], sk, 0, end_fe[li], E_SINK)
+
+
+def _implicit_syncs(b, nx, ns, pt, S, E, issued, Es, eo, end_node, end_fe):
+    """Launches NX at NS whose host had been quiet since PT (its thread's previous call), the rank's GPU running
+    an op at PT, and that followed within XSTREAM_TOL_NS the end of an op issued by PT (ISSUED: its launch, else
+    its start; S/E: the window's ops, Es/eo: their ends sorted): the host waited on that op without a synchronize
+    call (a busy-poll on a flag the kernel writes, a readback such as DeepEP's notify_dispatch counts). Edge:
+    that op's end -> the launch, the host's wake-up as offset (tried before the host's own time, so the path
+    follows the GPU work the host waited for). Where the GPU was idle when the host went quiet, the host was not
+    waiting on it (it was late: launch-bound), and an op issued after PT is not what the host waited for."""
+    if not nx.size or not Es.size:
+        return
+    j = np.searchsorted(Es, ns, side="right") - 1
+    jj = np.maximum(j, 0)
+    dep = eo[jj]
+    us, ue = union(S, E)
+    u = np.searchsorted(us, pt, side="right") - 1
+    busy = (u >= 0) & (ue[np.maximum(u, 0)] > pt)
+    ok = (j >= 0) & busy & (issued[dep] <= pt) & (Es[jj] > pt) & (ns - Es[jj] <= XSTREAM_TOL_NS)
+    if ok.any():
+        b.edges(end_node[dep[ok]], nx[ok], ns[ok] - Es[jj][ok], end_fe[dep[ok]], E_IMPLICIT)
 
 
 def build(con, job: str) -> dict:

@@ -148,3 +148,49 @@ def test_time_outside_a_ranks_step_window_goes_to_the_rank_whose_window_holds_it
     # inside their windows, pieces are untouched
     q = np.array([[1, K_OP, 3, 60, 170]], np.int64)
     assert (_place(q, wins) == q).all()
+
+
+def test_an_implicit_sync_is_an_edge_from_the_op_the_host_waited_for():
+    from analysis import step_graph as sg
+
+    b = sg._Builder()
+    # ops of one rank (start, end, issued): A [0, 100) at -5, B [90, 150) at 5, C [120, 400) at 160, D [430, 470)
+    # at 425: the GPU busy [0, 400) and [430, 470). Launches after the host's quiet time:
+    #   160, quiet since 10 (GPU busy), B issued by then ended 10 before: waited on B
+    #   420, quiet since 160 (GPU busy), C issued at 160 ended 20 before: waited on C (as notify_dispatch's readback)
+    #   480, quiet since 425 when the GPU was idle (the host launched D and was late): no edge
+    #   800, quiet since 480: nothing ended within 50 before
+    S, E, issued = np.array([0, 90, 120, 430]), np.array([100, 150, 400, 470]), np.array([-5, 5, 160, 425])
+    gs = b.nodes(sg.GS, 0, 1, S, E - S)
+    eo = np.argsort(E)
+    at = np.array([160, 420, 480, 800])
+    hn = b.nodes(sg.H, 0, 1, at)
+    sg._implicit_syncs(b, hn, at, np.array([10, 160, 425, 480]), S, E, issued, E[eo], eo, gs, np.ones(4, np.int64))
+    _, e = b.done()
+    assert e["src"].tolist() == [gs[1], gs[2]] and e["dst"].tolist() == [hn[0], hn[1]]
+    assert e["off"].tolist() == [10, 20] and set(e["kind"].tolist()) == {sg.E_IMPLICIT}
+
+
+@needs_shared
+def test_deepseek_dispatch_waits_on_notify_dispatch(db):
+    """DeepEP's internode dispatch is launched after the host read back notify_dispatch's counts (no synchronize
+    call in the trace): the graph has that edge, and the path follows notify_dispatch into the dispatch."""
+    from analysis import step_graph as sg
+    from analysis.critical_path import paths
+
+    load_kineto(db, SHARED_TRACES / "deepseek/train.json", "ds", rank=0)
+    attribute_job(db, "ds")
+    g = sg.build(db, "ds")
+    n, names = g["nodes"], np.asarray(g["ops"]["name"], dtype=object)
+    m = g["kind"] == sg.E_IMPLICIT
+    pairs = {(names[n["op"][u]].split("<")[0], names[n["op"][v]].split("<")[0])
+             for u, v in zip(g["src"][m], g["dst"][m])}
+    assert ("void dpsk::ep::internode::notify_dispatch", "void dpsk::ep::internode::dispatch") in pairs
+    on = np.ones(g["src"].size, bool)
+    z = np.full(n["T"].size, -1, np.int64)
+    t, best = sg.replay(g["order"], g["ptr"], g["src"], g["off"], g["fe"], on, n["T"], g["lag"], n["dur"],
+                        g["source"], z, z, np.zeros_like(z), False)
+    (p,) = paths(g, t, best, g["lag"], n["dur"], g["off"]).values()
+    seq = [names[n["op"][v]] if n["op"][v] >= 0 else "" for v in p[:, 2]]
+    hops = [i for i in range(1, len(seq)) if "notify_dispatch" in seq[i - 1] and "internode::dispatch" in seq[i]]
+    assert hops, "the path never goes from notify_dispatch to the dispatch it gates"
