@@ -156,44 +156,52 @@ def _window_graph(b, r, step, w1, rows, S, E, stream, coll, hl, la, th, sink, ys
         hn = b.nodes(H, r, step, a, op=rows[hi_])
         b.edges(hn, gs[hi_], np.minimum(lat, np.maximum(S[hi_] - a, 0)), 0, E_LAUNCH)
         b.launch.append((hn, icoll[hi_], gs[hi_], S[hi_] - a))
-        hth = th[hi_]
-        for t in np.unique(hth):
-            m = hth == t
-            am, nm = a[m], hn[m]
-            yi = np.flatnonzero((yth == t) & (ys >= am.min()) & (ys <= am.max()))
-            first = np.concatenate([nm, np.zeros(yi.size, np.int64)])
-            last = first.copy()
-            starts = np.concatenate([am, ys[yi]])
-            ends = np.concatenate([am, ye[yi]])
-            kinds = np.concatenate([np.zeros(am.size, np.int64), np.ones(yi.size, np.int64)])
-            if yi.size:
-                hs = b.nodes(H, r, step, ys[yi])
-                he = b.nodes(HE, r, step, ye[yi])
-                first[am.size:], last[am.size:] = hs, he
-                # a sync returns after its own call and after the GPU op that ended last before it returned,
-                # with the same wake-up time on both edges: max(start, that end) + wake = its measured return
-                w = np.searchsorted(Es, ye[yi], side="right") - 1
-                dep_end = np.where(w >= 0, Es[np.maximum(w, 0)], I64_MIN)
-                wake = ye[yi] - np.maximum(ys[yi], dep_end)
-                b.edges(hs, he, wake, 0, E_SYNC_H)
-                ok = w >= 0
-                dep = eo[w[ok]]
-                b.edges(end_node[dep], he[ok], wake[ok], end_fe[dep], E_SYNC_G)
-            so = np.lexsort((kinds, starts))
-            pf, pl, pk = first[so][:-1], last[so][:-1], kinds[so][:-1]
-            ps, pe, nx, ns = starts[so][:-1], ends[so][:-1], first[so][1:], starts[so][1:]
-            ret = (pk == 1) & (ns >= pe)  # after a sync, from its return
-            pt = np.where(ret, pe, ps)
-            b.edges(np.where(ret, pl, pf), nx, ns - pt, 0, E_HOST)
-            nl = kinds[so][1:] == 0
-            _implicit_syncs(b, nx[nl], ns[nl], pt[nl], S[:k], E[:k], np.where(hl, la, S)[:k], Es, eo, end_node,
-                            end_fe)
+        gpu = (S[:k], E[:k], np.where(hl, la, S)[:k], Es, eo, end_node, end_fe)
+        for t in np.unique(th[hi_]):
+            m = th[hi_] == t
+            _thread_calls(b, r, step, a[m], hn[m], (yth == t) & (ys >= a[m].min()) & (ys <= a[m].max()), ys, ye,
+                          gpu)
     sk = b.nodes(SINK, r, step, np.array([w1]))
     if sink:
         b.edges(gs[-1:], sk, 0, 0, E_SINK)
     elif k:
         li = int(np.argmax(E[:k]))
         b.edges(end_node[li:li + 1], sk, 0, end_fe[li], E_SINK)
+
+
+def _thread_calls(b, r, step, am, nm, ysel, ys, ye, gpu):
+    """One host thread's calls in a window, in time order: its launches (times AM, nodes NM) and its synchronizes
+    (YSEL of YS/YE), each waiting on the previous one (the host's own time), a synchronize's return on the GPU op
+    that ended last before it, a launch after a quiet host on the op it waited for (_implicit_syncs). GPU: the
+    window's ops (starts, ends, issued) and their ends sorted (Es, eo), and where each op's end is read."""
+    S, E, issued, Es, eo, end_node, end_fe = gpu
+    yi = np.flatnonzero(ysel)
+    first = np.concatenate([nm, np.zeros(yi.size, np.int64)])
+    last = first.copy()
+    starts = np.concatenate([am, ys[yi]])
+    ends = np.concatenate([am, ye[yi]])
+    kinds = np.concatenate([np.zeros(am.size, np.int64), np.ones(yi.size, np.int64)])
+    if yi.size:
+        hs = b.nodes(H, r, step, ys[yi])
+        he = b.nodes(HE, r, step, ye[yi])
+        first[am.size:], last[am.size:] = hs, he
+        # a sync returns after its own call and after the GPU op that ended last before it returned,
+        # with the same wake-up time on both edges: max(start, that end) + wake = its measured return
+        w = np.searchsorted(Es, ye[yi], side="right") - 1
+        dep_end = np.where(w >= 0, Es[np.maximum(w, 0)], I64_MIN)
+        wake = ye[yi] - np.maximum(ys[yi], dep_end)
+        b.edges(hs, he, wake, 0, E_SYNC_H)
+        ok = w >= 0
+        dep = eo[w[ok]]
+        b.edges(end_node[dep], he[ok], wake[ok], end_fe[dep], E_SYNC_G)
+    so = np.lexsort((kinds, starts))
+    pf, pl, pk = first[so][:-1], last[so][:-1], kinds[so][:-1]
+    ps, pe, nx, ns = starts[so][:-1], ends[so][:-1], first[so][1:], starts[so][1:]
+    ret = (pk == 1) & (ns >= pe)  # after a sync, from its return
+    pt = np.where(ret, pe, ps)
+    b.edges(np.where(ret, pl, pf), nx, ns - pt, 0, E_HOST)
+    nl = kinds[so][1:] == 0
+    _implicit_syncs(b, nx[nl], ns[nl], pt[nl], S, E, issued, Es, eo, end_node, end_fe)
 
 
 def _implicit_syncs(b, nx, ns, pt, S, E, issued, Es, eo, end_node, end_fe):
