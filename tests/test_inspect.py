@@ -124,7 +124,8 @@ def test_inspect_counts_the_comm_kernels_attribute_charges_on_deepseek(tmp_path)
 
     con = connect(db, read_only=True)
     fam, by = _comm_counts(con, "ds")
-    exposed = con.execute("SELECT sum(ns) FROM ledger_totals WHERE job = 'ds' AND ledger = 'exposed_comm'").fetchone()[0]
+    exposed = con.execute("SELECT sum(ns) FROM ledger_totals WHERE job = 'ds' AND ledger = 'exposed_comm'"
+                          ).fetchone()[0]
     con.close()
     assert exposed > 0
     assert t["facts"]["comm_kernels"] == fam[0] > 0
@@ -140,7 +141,8 @@ def test_inspect_types_comm_kernels_as_attribute_does_on_a_generated_job(tmp_pat
 
     generate_a2a(tmp_path / "a2a", ranks=2, steps=2, seed=5)
     db = str(tmp_path / "s.duckdb")
-    for cmd in (["ingest", str(tmp_path / "a2a"), "--db", db, "--job", "a2a"], ["attribute", "--db", db, "--job", "a2a"]):
+    for cmd in (["ingest", str(tmp_path / "a2a"), "--db", db, "--job", "a2a"],
+                ["attribute", "--db", db, "--job", "a2a"]):
         r = CliRunner().invoke(cli, cmd)
         assert r.exit_code == 0, r.output
     from store.connection import connect
