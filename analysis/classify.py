@@ -202,5 +202,10 @@ def in_class(kclass: str | None, wanted: str) -> bool:
     return kclass == wanted or PARENT.get(kclass or "") == wanted
 
 
+def classes_of(wanted: str) -> list[str]:
+    """WANTED and the classes that are a kind of it (gemm: gemm, gemm_grouped)."""
+    return [wanted] + sorted(k for k, v in PARENT.items() if v == wanted)
+
+
 def is_comm(name: str) -> bool:
     return classify_kernel(name)[0] == "comm"
