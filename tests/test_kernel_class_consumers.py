@@ -55,3 +55,30 @@ def test_shape_free_calibration_reads_grouped_gemms_as_expert_gemms(moe):
                             "AND g.name = ?", [grouped]).fetchone()[0]
     assert n_grouped > 0 and ct["expert_gemm"][1] == n_grouped
     assert ct["gemm"][1] > 0
+
+
+def test_copies_written_as_kernels_are_charged_as_copies(tmp_path):
+    # ROCm 7.1 wrote its copies and fills as kernels (__amd_rocclr_copyBuffer / fillBuffer): the generated job
+    # with its copies turned into such kernels gets the ledgers of the original to the nanosecond
+    import duckdb
+
+    from sample_traces.generate import generate
+    from store.schema import create_all
+
+    generate(tmp_path / "dp", ranks=2, steps=2, seed=11)
+    got = []
+    for rocm in (False, True):
+        con = duckdb.connect()
+        create_all(con)
+        res = ingest_paths(con, sorted((tmp_path / "dp").glob("rank-*.json")), job="dp")
+        assert all(r.status == "stored" for r in res), [r.message for r in res]
+        if rocm:
+            n = con.execute("""UPDATE gpu_ops SET kind = 'kernel', name = CASE kind WHEN 'memcpy'
+                               THEN '__amd_rocclr_copyBuffer.kd' ELSE '__amd_rocclr_fillBufferAligned.kd' END
+                               WHERE kind IN ('memcpy', 'memset')""").fetchone()[0]
+            assert n > 0
+        attribute_job(con, "dp")
+        got.append(con.execute("SELECT rank, step, ledger, ns FROM ledger_totals ORDER BY ALL").fetchall())
+        con.close()
+    assert got[1] == got[0]
+    assert sum(ns for _, _, led, ns in got[0] if led == "memcpy") > 0
