@@ -88,6 +88,8 @@ RULES = [
          "deepseek-ai/DeepEP intranode.cu barrier<kNumRanks>, impls/barrier"),
     Rule(r"\bdeep_ep::elastic::pp_(?:send|recv)_impl\b", "comm", "sendrecv",
          "deepseek-ai/DeepEP impls/pp_send, pp_recv"),
+    Rule(r"\bflashinfer::comm::\S*Barrier", "comm", "barrier",
+         "flashinfer include/flashinfer/comm/ (Ulysses PCIe barrier)"),
     Rule(r"\bnvshmem", "comm", "nvshmem", "NVSHMEM device transfers"),
     # ---- copies named as kernels (ROCm 7.1) and synthesized copy names ----------------------------------------
     Rule(r"^(?:Memcpy \w+ \(|\[CUDA memcpy|MEMORY_COPY_\w+(?:\.kd)?$|__amd_rocclr_copyBuffer)", "copy", "memcpy",
@@ -110,7 +112,7 @@ RULES = [
          "other", "DeepEP layout.cu / internode_ll.cu; vllm moe_align_block_size, topk_softmax; ATen sbtopk, cub sort"),
     # ---- attention (library names, never the bare word) ---------------------------------------------------------
     Rule(r"\bflash_(?:fwd|bwd)_\w*kernel\b|\bpytorch_flash::|\bflash::(?:FlashAttn\w+|prepare_varlen_num_blocks_kernel"
-         r"|compute_attn\w*)|FlashAttention\w*Sm\d+", "compute", "attention",
+         r"|compute_attn\w*)|(?:FlashAttention|Attn)\w*?(?:Forward|Backward)Sm\d+", "compute", "attention",
          "Dao-AILab/flash-attention csrc/flash_attn/src, hopper/ (FA2, FA3), flash_attn/cute (FA4); "
          "deepseek-ai/FlashMLA"),
     Rule(r"fmha|cudnn_generated_fort_native_sdpa_|\bsparse_attn_fwd_kernel|\bget_mla_metadata_kernel"

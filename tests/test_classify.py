@@ -122,6 +122,8 @@ CASES = [
     ("void deep_ep::intranode::barrier<8>", "comm", "barrier"),
     ("deep_ep::elastic::pp_send_impl", "comm", "sendrecv"),
     ("void nvshmemi_transfer_rma_kernel<...>", "comm", "nvshmem"),
+    ("flashinfer::comm::ulysses_pcie::UlyssesPcieBarrier(unsigned long *, "
+     "flashinfer::comm::ulysses_pcie::PeerSignalPointers, int, int, unsigned long *)", "comm", "barrier"),
     # DeepEP's local bookkeeping moves nothing; a bare "dispatch" (nsys shortName) names no library
     ("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*, int*, int*, bool*, int, int, int, int)",
      "compute", "other"),
@@ -163,6 +165,8 @@ CASES = [
     (DS_FA3_FWD, "compute", "attention"),
     ("kernel_cutlass_kernel_flash_attncuteflash_fwd_sm100FlashAttentionForwardSm100_object_at__tensor0000o",
      "compute", "attention"),
+    ("kernel_cutlass_kernel_flashinfercute_dslsparsesm120_blk64flash_fwd_sm120BlockSparseAttnForwardSm120Blk64_"
+     "object_at__tensor0000o12811101213", "compute", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "compute", "attention"),
     ("fmha_cutlassB_bf16_aligned_128x128_k128_sm80", "compute", "attention"),
     ("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "compute",
@@ -207,8 +211,12 @@ CASES = [
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "compute", "gemm"),
     ("nvjet_tst_16x64_64x16_4x1_v_bz_TNN", "compute", "gemm"),
     ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "compute", "gemm"),
+    ("nvjet_sm100_tst_64x8_64x16_2x4_h_bz_splitK_TNT", "compute", "gemm"),  # B200 cuBLASLt
+    ("nvjet_sm100_qqtst_128x256_128x6_2x1_2cta_v_bz_bias_TNT", "compute", "gemm"),  # bias epilogue
     ("cutlass3x_sm100_simt_sgemm_f32_f32_f32_f32_f32_64x32x16_1x1x1_3_nnn_align1_bias_f32_relu", "compute", "gemm"),
     ("ampere_bf16_s1688gemm_bf16_128x128_ldg8_f2f_stages_32x1_nn", "compute", "gemm"),
+    ("void cutlass::device_kernel<enable_sm120_family<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, "
+     "int, int>, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::Mainl", "compute", "gemm"),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_nn_align8>"
      "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_nn_align8::Params)", "compute", "gemm"),
     ("volta_sgemm_64x64_nt", "compute", "gemm"),
@@ -259,6 +267,9 @@ CASES = [
     ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi64ELi8ELb0ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib", "compute",
      "reduction"),
     ("GammaBetaBackwardCUDAKernel", "compute", "reduction"),
+    # a CuTe-DSL kernel: "cutlass" in the name, a norm's work
+    ("kernel_cutlass_kernel_flashinfernormkernelsfused_add_rmsnormFusedAddRMSNormKernel_object_at__", "compute",
+     "reduction"),
     ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>", "compute", "reduction"),
     # ---- reductions / softmax
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, "
