@@ -1,4 +1,4 @@
-"""The only place a kernel name becomes a class: a table of rules, first match wins.
+"""Where a kernel name becomes a class: a table of rules, first match wins.
 
 A rule is (pattern, family, class, source): a Python regular expression searched (case-insensitive unless the
 pattern says ``(?-i:…)``) in the name as the trace prints it, the family (``comm``, ``compute`` or ``copy``),
@@ -7,14 +7,15 @@ themselves are the test cases of tests/test_classify.py). Families: ``comm`` ker
 communication and their class is the collective they run (allreduce, allgather, reducescatter, alltoall,
 sendrecv, broadcast, reduce, barrier; ``nccl_other`` where the name does not say which, as for NCCL's Generic
 kernel; ``nvshmem`` for one-sided transfers); ``compute`` classes are gemm, gemm_grouped (grouped / MoE /
-batched expert GEMMs, a kind of gemm: see ``in_class``), attention, elementwise, reduction (norms, softmax,
+batched expert GEMMs, a kind of gemm: see ``classes_of``), attention, elementwise, reduction (norms, softmax,
 reductions), optimizer and other; ``copy`` is memcpy / memset, from the activity kind or a runtime's copy
 kernels. Unknown names are compute/other.
 
 Order matters and is tested: communication first (an all-reduce called ``…reduce…`` is communication), then
-copies, then torch.compile's ``triton_<kind>_`` prefix (its fused names list every ATen op they touch), then
-attention before GEMM (flash kernels carry ``cutlass::`` in their template arguments), GEMM families before the
-quantize/cast kernels that feed them, and the generic word lists last. Reference: the kernel-name families with
+copies, then torch.compile's ``triton_<kind>_`` prefix (its fused names list every ATen op they touch), MoE
+routing and DeepEP's local bookkeeping, then attention before GEMM (flash kernels carry ``cutlass::`` in their
+template arguments), GEMM families (grouped first) before norms and the quantize/cast kernels that feed them
+(a norm fused with a quantize is a norm), and the generic word lists last. Reference: the kernel-name families with
 their sources in the project's reference notes (kernels.md).
 
 Versioned: bump RULES_VERSION whenever a rule changes (it keys the stored kernel_classes rows and the recorded
@@ -178,7 +179,6 @@ RULES = [
 ]
 _COMPILED = [(re.compile(r.pattern, re.IGNORECASE), r) for r in RULES]
 
-FAMILIES = ("comm", "compute", "copy")
 # classes that are a kind of another: a consumer asking for gemm also gets the grouped GEMMs
 PARENT = {"gemm_grouped": "gemm"}
 
@@ -199,15 +199,11 @@ def classify_kernel(name: str) -> tuple[str, str]:
     return ("compute", "other") if r is None else (r.family, r.kclass)
 
 
-def in_class(kclass: str | None, wanted: str) -> bool:
-    """KCLASS is WANTED or a kind of it (gemm_grouped is a gemm)."""
-    return kclass == wanted or PARENT.get(kclass or "") == wanted
-
-
 def classes_of(wanted: str) -> list[str]:
     """WANTED and the classes that are a kind of it (gemm: gemm, gemm_grouped)."""
     return [wanted] + sorted(k for k, v in PARENT.items() if v == wanted)
 
 
 def is_comm(name: str) -> bool:
+    """NAME is a communication kernel."""
     return classify_kernel(name)[0] == "comm"
