@@ -19,6 +19,9 @@ from store.connection import append_arrow
 from analysis.rank_pass import (REENTRANT_HOST, RECOMPUTE_HOST, io_regions, rank_groups, read_group,  # noqa: F401
                                 recomputed, sweep_group)
 
+# the sweep's family codes (analysis.core.sweep_rank) of analysis.classify's families
+FAMILY_CODE = {"compute": 0, "comm": 1, "copy": 2}
+
 DDL = {
     # drill-down keys: the GPU op that the interval is charged to (for an idle/host/io/bubble gap, the op
     # that ends the gap), and for communication the collective's process group and sequence number
@@ -200,12 +203,13 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
 
     t0 = time.perf_counter()
     ranks = [r[0] for r in con.execute("SELECT rank FROM traces WHERE job = ? ORDER BY rank", [job]).fetchall()]
-    # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm (2 = copy, by kind)
+    # kernel-name rules applied once per distinct name: family code 0 compute, 1 comm, 2 copy (memcpy/memset by
+    # kind, and a runtime's copy kernels by name: ROCm 7.1 wrote its copies as kernels)
     knames = [r[0] for r in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? "
                                         "AND name IS NOT NULL ORDER BY name", [job]).fetchall()]
     rules = [classify_kernel(n) for n in knames]
     con.register("_kclass", table({"kid": np.arange(len(knames), dtype=np.int32), "name": strings(knames),
-                                   "fam": np.array([1 if r[0] == "comm" else 0 for r in rules], np.int8),
+                                   "fam": np.array([FAMILY_CODE.get(r[0], 0) for r in rules], np.int8),
                                    "p2p": np.array([r[1] == "sendrecv" for r in rules], np.bool_),
                                    "cls": strings([r[1] for r in rules])}))
     _store_keys(con, job, knames, rules)
@@ -221,7 +225,7 @@ def _attribute(con, job, recompute_pattern, io_pattern, progress=None) -> dict:
     con.register("_pgs", table({"pgid": np.arange(len(pg_names), dtype=np.int32), "pg_name": strings(pg_names)}))
     con.execute("INSERT INTO ledger_names SELECT ?, 'pg', unnest(range(?)), unnest(?::VARCHAR[])",
                 [job, len(pg_names), pg_names])
-    fam_of = np.array([1 if r[0] == "comm" else 0 for r in rules], dtype=np.int8)
+    fam_of = np.array([FAMILY_CODE.get(r[0], 0) for r in rules], dtype=np.int8)
     p2p_of = np.array([r[1] == "sendrecv" for r in rules], dtype=bool)
     # as many threads as the connection lets DuckDB use (a batch worker runs with one), at most two
     threads = max(1, min(2, int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])))

@@ -35,8 +35,8 @@ def trace_facts(con, job: str, rank: int) -> dict:
                                           "AND (seq IS NOT NULL OR pg_name IS NOT NULL)", p)
     f["collectives_from_host_ops"] = _one(con, "SELECT count(*) FROM collectives WHERE job = ? AND rank = ? "
                                                "AND seq IS NULL AND pg_name IS NULL", p)
-    f["comm_kernels"] = _one(con, "SELECT count(*) FROM gpu_ops WHERE job = ? AND rank = ? AND kind = 'kernel' "
-                                  "AND (lower(name) LIKE '%nccl%' OR lower(name) LIKE '%rccl%')", p)
+    f["comm_by_collective"] = comm_kernels(con, job, rank)
+    f["comm_kernels"] = sum(f["comm_by_collective"].values())
     f["all_to_all_with_splits"] = _one(con, """SELECT count(*) FROM host_ops WHERE job = ? AND rank = ?
         AND name = 'record_param_comms' AND args->>'In split size' IS NOT NULL""", p)
     f["flows"] = _one(con, "SELECT count(*) FROM flows WHERE job = ? AND rank = ?", p)
@@ -53,6 +53,34 @@ def trace_facts(con, job: str, rank: int) -> dict:
     f["checkpoint_regions"] = _one(con, """SELECT count(*) FROM host_ops WHERE job = ? AND rank = ?
         AND (name LIKE '%CheckpointFunction%' OR name LIKE '%checkpoint.py(%')""", p)
     return f
+
+
+def comm_kernels(con, job: str, rank: int) -> dict:
+    """{collective: kernels} of the communication kernels of (JOB, RANK), as attribute reads them: a kernel is
+    communication by analysis.classify, and its collective is the one its collectives row names (recorded by
+    record_param_comms, or typed by the host op that launched it: a SendRecv kernel under ``nccl:all_to_all``
+    is an all-to-all), else the one its name names."""
+    from analysis.classify import classify_kernel
+    from analysis.process_groups import canonical
+
+    names = con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? AND rank = ? AND kind = 'kernel' "
+                        "AND name IS NOT NULL", [job, rank]).fetchall()
+    comm = {n: classify_kernel(n)[1] for (n,) in names if classify_kernel(n)[0] == "comm"}
+    if not comm:
+        return {}
+    out: dict = {}
+    for name, colls, n in con.execute("""
+            WITH k AS (SELECT name, start_ns FROM gpu_ops WHERE job = $1 AND rank = $2 AND kind = 'kernel'
+                                                           AND list_contains($3, name)),
+            c AS (SELECT kernel_name, start_ns, list(DISTINCT lower(coll)) AS colls FROM collectives
+                  WHERE job = $1 AND rank = $2 AND source = 'kernel' AND coll IS NOT NULL GROUP BY ALL)
+            SELECT k.name, c.colls, count(*) FROM k LEFT JOIN c ON c.kernel_name = k.name AND c.start_ns = k.start_ns
+            GROUP BY ALL""", [job, rank, sorted(comm)]).fetchall():
+        # a batched send/recv kernel can carry several rows: a collective other than send/recv names it
+        typed = sorted({canonical(c) or c for c in colls or []}, key=lambda c: (c == "sendrecv", c))
+        coll = typed[0] if typed else comm[name]
+        out[coll] = out.get(coll, 0) + int(n)
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _v(state, why, fix=None):
@@ -175,6 +203,11 @@ def inspect_store(con, job: str | None = None) -> list[dict]:
     return out
 
 
+def _comm_text(f: dict) -> str:
+    by = f.get("comm_by_collective") or {}
+    return f"{f['comm_kernels']} comm kernels" + (": " + ", ".join(f"{k} {v}" for k, v in by.items()) if by else "")
+
+
 def format_text(entries: list[dict]) -> str:
     lines = []
     for e in entries:
@@ -184,7 +217,7 @@ def format_text(entries: list[dict]) -> str:
         if e["kind"] in ("kineto", "nsys"):
             ops = ", ".join(f"{v} {k}" for k, v in f["gpu_ops"].items()) or "no GPU ops"
             lines.append(f"  contains: {ops}; {f['steps']} steps; collectives {f['collectives_recorded']} recorded + "
-                         f"{f['collectives_from_host_ops']} from host ops ({f['comm_kernels']} comm kernels); "
+                         f"{f['collectives_from_host_ops']} from host ops ({_comm_text(f)}); "
                          f"{f['flows']} flows; {f['ops_with_shapes']} ops with shapes; {f['python_frames']} python "
                          f"frames; {f['memory_events']} memory events")
             lines.append(f"  device {f['device'] or '?'}; schema {f['schema_version'] or '?'}; world size "

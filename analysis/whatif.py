@@ -12,8 +12,8 @@ Changes, each applied to the graph before the replay:
                 part that the host ledger charges (the GPU idle while the host had not launched): the host
                 gaps closed, nothing else of the host's time
   scale KCLASS=F
-                GPU ops of that kernel class (analysis.classify: gemm, attention, elementwise, ...) take F times
-                as long
+                GPU ops of that kernel class (analysis.classify: gemm, attention, elementwise, ...; gemm also
+                takes the grouped GEMMs, gemm_grouped only them) take F times as long
 Replaying the unchanged graph gives every measured time exactly, so a projection differs from the measurement
 only by what was changed. The projected step time is the latest rank's step end minus the step's start.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis import step_graph as sg
+from analysis.classify import classes_of
 from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGERS
 
@@ -152,7 +153,7 @@ class Graph:
             if f < 0:
                 raise WhatIfError(f"--scale {kc}={f}: the factor must be >= 0")
             ops_kc = self.kclass[np.maximum(n["op"], 0)] if self.kclass.size else np.zeros(0, dtype=object)
-            m = (n["typ"] == sg.GS) & (n["op"] >= 0) & (ops_kc == kc)
+            m = (n["typ"] == sg.GS) & (n["op"] >= 0) & np.isin(ops_kc, classes_of(kc))
             if not m.any():
                 raise WhatIfError(f"job {self.job!r} has no GPU ops of kernel class {kc!r}")
             dur = np.where(m, np.round(dur * f).astype(np.int64), dur)

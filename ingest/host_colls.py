@@ -43,8 +43,15 @@ def host_coll_type(name: str) -> str | None:
 
 
 def insert_host_collectives(con, job: str, rank: int) -> int:
-    """Add a collectives row for every communication kernel of (JOB, RANK) launched inside a host op that names
-    a collective and not already described by a collectives row; returns how many were added."""
+    """Add a collectives row for every communication kernel (analysis.classify) of (JOB, RANK) launched inside a
+    host op that names a collective and not already described by a collectives row; returns how many were added."""
+    from analysis.classify import is_comm
+
+    comm = sorted(n for (n,) in con.execute("SELECT DISTINCT name FROM gpu_ops WHERE job = ? AND rank = ? AND "
+                                            "kind = 'kernel' AND name IS NOT NULL", [job, rank]).fetchall()
+                  if is_comm(n))
+    if not comm:
+        return 0
     before = con.execute("SELECT count(*) FROM collectives WHERE job = ? AND rank = ?", [job, rank]).fetchone()[0]
     con.execute(f"""INSERT INTO collectives
         WITH named AS (
@@ -58,7 +65,7 @@ def insert_host_collectives(con, job: str, rank: int) -> int:
             GROUP BY ALL
         ), k AS (
             SELECT g.name, g.start_ns, g.end_ns, g.correlation, g.external_id FROM gpu_ops g
-            WHERE g.job = $1 AND g.rank = $2 AND g.kind = 'kernel' AND lower(g.name) LIKE '%nccl%'
+            WHERE g.job = $1 AND g.rank = $2 AND g.kind = 'kernel' AND list_contains($3, g.name)
                 AND NOT EXISTS (SELECT 1 FROM collectives c WHERE c.job = $1 AND c.rank = $2
                                 AND c.source = 'kernel' AND c.start_ns = g.start_ns AND c.kernel_name = g.name)
         )
@@ -68,6 +75,6 @@ def insert_host_collectives(con, job: str, rank: int) -> int:
                JOIN named n ON n.pid = l.pid AND n.tid = l.tid AND l.t >= n.start_ns AND l.t < n.end_ns
         WHERE n.coll IS NOT NULL
         GROUP BY k.start_ns, k.end_ns, k.name, k.correlation
-        ORDER BY k.start_ns""", [job, rank])
+        ORDER BY k.start_ns""", [job, rank, comm])
     after = con.execute("SELECT count(*) FROM collectives WHERE job = ? AND rank = ?", [job, rank]).fetchone()[0]
     return after - before

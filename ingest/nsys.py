@@ -33,8 +33,9 @@ What goes where (one rank per process, see below):
   correlation id; the ``_v7000``-style version suffix is dropped from the name (kept in args).
 * NVTX_EVENTS push/pop and start/end ranges → host_ops cat 'user_annotation', name
   ``COALESCE(text, StringIds[textId])``, domain in args. Marks are step markers only (below).
-* Kernels named ``nccl(Dev)Kernel_*`` → collectives (source 'kernel'); the collective comes from the
-  kernel name, else from the NCCL-domain NVTX range enclosing its launch. nsys has no process-group
+* Communication kernels (analysis.classify: NCCL, RCCL, DeepEP, ...) → collectives (source 'kernel'); the
+  collective comes from the kernel name, else (NCCL's Generic kernel) from the NCCL-domain NVTX range
+  enclosing its launch. nsys has no process-group
   name or sequence number, so pg_name/seq stay NULL (attribution then reports them unmatched).
 
 Ranks. A process (the full ``globalPid``: the bits above the PID tell hosts apart in merged reports)

@@ -270,13 +270,24 @@ def _insert_steps(con, job: str, pattern: str | None, n_groups: int | None) -> d
 
 
 def _insert_collectives(con, job: str) -> None:
-    # the collective: from the kernel name (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_AllReduce_RING_LL_Sum_float),
-    # else from the NCCL-domain NVTX range (ncclAllReduce, ...) enclosing the launch on the same thread
+    # every communication kernel (analysis.classify); the collective: the one its name names
+    # (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_AllReduce_RING_LL_Sum_float, DeepEP dispatch, ...), else
+    # (NCCL's Generic kernel) the NCCL-domain NVTX range (ncclAllReduce, ...) enclosing the launch on the same thread
+    from analysis.classify import classify_kernel
+
+    comm = {}
+    for (n,) in con.execute("SELECT DISTINCT name FROM _ngpu WHERE kind = 'kernel' AND name IS NOT NULL").fetchall():
+        fam, cls = classify_kernel(n)
+        if fam == "comm":
+            comm[n] = None if cls == "nccl_other" else cls
+    if not comm:
+        return
+    names = sorted(comm)
     con.execute(r"""INSERT INTO collectives
-        WITH k AS (
-            SELECT rank, name, start_ns, end_ns, correlation,
-                   nullif(lower(regexp_extract(name, '^nccl(?:Dev)?Kernel_([A-Za-z]+)', 1)), 'generic') AS coll
-            FROM _ngpu WHERE kind = 'kernel' AND regexp_matches(name, '^nccl(Dev)?Kernel')
+        WITH c AS (SELECT unnest(?::VARCHAR[]) AS name, unnest(?::VARCHAR[]) AS coll),
+        k AS (
+            SELECT g.rank, g.name, g.start_ns, g.end_ns, g.correlation, c.coll
+            FROM _ngpu g JOIN c ON c.name = g.name WHERE g.kind = 'kernel'
         ), nv AS (
             SELECT k.rank, k.correlation, k.start_ns,
                    min(lower(regexp_replace(n.name, '^nccl', ''))) AS coll
@@ -289,7 +300,7 @@ def _insert_collectives(con, job: str) -> None:
         SELECT ?, k.rank, NULL, NULL, NULL, NULL, coalesce(k.coll, nv.coll, 'nccl_other'), NULL, NULL, NULL, NULL,
                NULL, k.start_ns, k.end_ns, k.name, NULL, 'kernel'
         FROM k LEFT JOIN nv ON nv.rank = k.rank AND nv.correlation = k.correlation AND nv.start_ns = k.start_ns
-        ORDER BY k.rank, k.start_ns""", [job])
+        ORDER BY k.rank, k.start_ns""", [names, [comm[n] for n in names], job])
 
 
 def _device_names(con, src: _Src) -> dict[int, str]:

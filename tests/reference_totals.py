@@ -1,7 +1,8 @@
 """Reference ledger results: every job the tests attribute, keyed by its attribution inputs.
 
 The conftest wraps the attribution core: after each run it computes a content key of what the core reads
-(GPU ops, host ops, collectives, steps, traces' rank metadata, the user's patterns) and the job's results
+(GPU ops, host ops, collectives, steps, traces' rank metadata, the user's patterns) and of the kernel-name rules
+that turn names into families (analysis.classify.RULES_VERSION, the key's ``-r<N>`` suffix), and the job's results
 (step windows and the nine totals of each). With NINEFOLD_RECORD_REFERENCE=1 the results are recorded under
 that key in tests/reference/ledger_totals.json.gz; otherwise a run whose key is recorded must reproduce the
 recorded windows and totals to the nanosecond, or the attribution call fails naming the difference.
@@ -29,12 +30,16 @@ INPUT_COLUMNS = {
 
 
 def input_key(con, job: str, recompute_pattern, io_pattern) -> str:
+    """The digest of JOB's attribution inputs, suffixed with the kernel-rules version (-r<N>): the same trace read
+    under other rules may charge a kernel to another ledger."""
+    from analysis.classify import RULES_VERSION
+
     parts = [repr((recompute_pattern, io_pattern))]
     for t, cols in INPUT_COLUMNS.items():
         n, h = con.execute(f"SELECT count(*), coalesce(sum(hash({cols})::HUGEINT), 0)::VARCHAR "
                            f"FROM {t} WHERE job = ?", [job]).fetchone()
         parts.append(f"{t}:{n}:{h}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+    return f"{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:24]}-r{RULES_VERSION}"
 
 
 def results(con, job: str) -> dict:

@@ -84,3 +84,79 @@ def test_version_and_a_worked_example_in_every_commands_help():
     for name in cli.commands:
         r = CliRunner().invoke(cli, [name, "--help"])
         assert r.exit_code == 0 and "Example: ninefold " + name in r.output, name
+
+
+def _comm_counts(db, job):
+    """What attribute charged as communication, per rank: kernels of the comm family (kernel_classes) and the
+    collective each matched kernel was typed as (collective_matches)."""
+    from analysis.process_groups import canonical
+
+    fam = dict(db.execute("""SELECT g.rank, count(*) FROM gpu_ops g JOIN kernel_classes kc
+                             ON kc.job = g.job AND kc.name = g.name
+                             WHERE g.job = ? AND g.kind = 'kernel' AND kc.family = 'comm' GROUP BY 1""",
+                          [job]).fetchall())
+    by = {}
+    for r, coll, n in db.execute("SELECT rank, coll, count(*) FROM collective_matches WHERE job = ? GROUP BY ALL",
+                                 [job]).fetchall():
+        c = canonical(coll) or coll
+        by.setdefault(r, {})[c] = by.setdefault(r, {}).get(c, 0) + n
+    return fam, by
+
+
+def _inspected(db_path, job):
+    r = CliRunner().invoke(cli, ["inspect", "--db", db_path, "--job", job, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    return {t["rank"]: t for t in json.loads(r.output)["traces"]}
+
+
+@needs_shared
+def test_inspect_counts_the_comm_kernels_attribute_charges_on_deepseek(tmp_path):
+    # DeepSeek-V3's training rank: its communication is DeepEP (dpsk::ep) dispatch / combine / notify kernels,
+    # no NCCL kernel at all; inspect said "0 comm kernels" while attribute charged exposed communication
+    db = str(tmp_path / "ds.duckdb")
+    r = CliRunner().invoke(cli, ["ingest", str(SHARED_TRACES / "deepseek" / "train.json"), "--db", db, "--job", "ds",
+                                 "--rank", "0"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["attribute", "--db", db, "--job", "ds"])
+    assert r.exit_code == 0, r.output
+    t = _inspected(db, "ds")[0]
+    from store.connection import connect
+
+    con = connect(db, read_only=True)
+    fam, by = _comm_counts(con, "ds")
+    exposed = con.execute("SELECT sum(ns) FROM ledger_totals WHERE job = 'ds' AND ledger = 'exposed_comm'"
+                          ).fetchone()[0]
+    con.close()
+    assert exposed > 0
+    assert t["facts"]["comm_kernels"] == fam[0] > 0
+    assert t["facts"]["comm_by_collective"] == by[0] == {"alltoall": fam[0]}
+    v = t["capabilities"]["straggler_bubble"]
+    assert v["state"] == "degraded" and "one rank" in v["why"]
+
+
+def test_inspect_types_comm_kernels_as_attribute_does_on_a_generated_job(tmp_path):
+    # 2023-style all-to-all: ncclKernel_SendRecv kernels launched under nccl:all_to_all are all-to-alls, the
+    # all-reduce kernels all-reduces; inspect of the files (a private store) and of the attributed store agree
+    from sample_traces.alltoall2023 import generate_a2a
+
+    generate_a2a(tmp_path / "a2a", ranks=2, steps=2, seed=5)
+    db = str(tmp_path / "s.duckdb")
+    for cmd in (["ingest", str(tmp_path / "a2a"), "--db", db, "--job", "a2a"],
+                ["attribute", "--db", db, "--job", "a2a"]):
+        r = CliRunner().invoke(cli, cmd)
+        assert r.exit_code == 0, r.output
+    from store.connection import connect
+
+    con = connect(db, read_only=True)
+    fam, by = _comm_counts(con, "a2a")
+    con.close()
+    stored = _inspected(db, "a2a")
+    r = CliRunner().invoke(cli, ["inspect", str(tmp_path / "a2a"), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    files = {t["rank"]: t for t in json.loads(r.output)["traces"]}
+    for rank in (0, 1):
+        for t in (stored[rank], files[rank]):
+            assert t["facts"]["comm_kernels"] == fam[rank] == 16
+            assert t["facts"]["comm_by_collective"] == by[rank] == {"alltoall": 10, "allreduce": 6}
+    r = CliRunner().invoke(cli, ["inspect", "--db", db, "--job", "a2a"])
+    assert "16 comm kernels: alltoall 10, allreduce 6" in r.output

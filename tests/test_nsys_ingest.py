@@ -328,8 +328,9 @@ GP = [(7 << 48) | (4242 << 24), (7 << 48) | (4241 << 24)]     # two processes, g
 BASE = 1_700_000_000_000_000_000
 
 
-def _synthetic(path, with_marks=False):
-    """Two processes on the template's schema: ProfilerStep ranges (or marks), kernels, an NCCL kernel, copies."""
+def _synthetic(path, with_marks=False, comm="ncclDevKernel_AllReduce_Sum_f32_RING_LL"):
+    """Two processes on the template's schema: ProfilerStep ranges (or marks), kernels, a communication kernel
+    (COMM, launched inside an NCCL-domain ncclAllReduce range), copies."""
     c = sqlite3.connect(path)
     raw = _raw(SHARED_TRACES / TEMPLATE)
     for name, sql in raw.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"):
@@ -340,7 +341,7 @@ def _synthetic(path, with_marks=False):
                 c.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(rows[0]))})", rows)
     raw.close()
     c.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME (utcEpochNs) VALUES (?)", [BASE])
-    names = ["ampere_sgemm_128x64_nn", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cudaLaunchKernel_v7000",
+    names = ["ampere_sgemm_128x64_nn", comm, "cudaLaunchKernel_v7000",
              "ProfilerStep#1", "ProfilerStep#2", "ncclAllReduce", "NCCL"]
     c.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names, start=1)))
     kcols = ("start, \"end\", deviceId, contextId, streamId, correlationId, globalPid, demangledName, shortName, "
@@ -424,6 +425,20 @@ def test_two_processes_become_two_ranks_in_pid_order(db, tmp_path):
                           "'straggler') GROUP BY 1").fetchall())
     assert tot == {"exposed_comm": 2 * 600 - 50, "straggler": 50}
     assert db.execute("SELECT offset_ns, applied FROM clock_offsets WHERE rank = 1").fetchone() == (0, False)
+
+
+@needs_shared
+@pytest.mark.parametrize("comm,coll", [
+    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", "alltoall"),  # named by its rule
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "allreduce"),  # by the ncclAllReduce range
+    ("void (anonymous namespace)::two_shot_all_reduce_kernel<c10::BFloat16, 16, 8, true, false>", "reducescatter"),
+])
+def test_every_communication_kernel_becomes_a_collective(db, tmp_path, comm, coll):
+    p = tmp_path / "two.sqlite"
+    _synthetic(p, comm=comm)
+    load(db, p, "j")
+    assert db.execute("SELECT rank, coll, kernel_name FROM collectives ORDER BY 1").fetchall() == [
+        (0, coll, comm), (1, coll, comm)]
 
 
 @needs_shared

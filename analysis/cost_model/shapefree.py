@@ -2,18 +2,15 @@
 count), the compute time per micro-batch is taken from the measured kernels themselves, per kernel class.
 
 Each compute kernel inside a step window is put in a class by ``analysis.classify`` (gemm, attention, norm =
-the reduction class, elementwise, optimizer, other), a GEMM whose name marks it as a grouped / MoE kernel being
+the reduction class, elementwise, optimizer, other), its grouped / MoE GEMMs (``gemm_grouped``) being
 ``expert_gemm``. A class's time per rank and step, divided by the layers of one stage (MoE layers for the
 expert class) and the micro-batches, is its time per layer and micro-batch; summed over the stage's layers it
 is the forward + backward (+ recompute) of one micro-batch, split with the configuration's backward/forward
 ratio and recompute share (the same split the FLOP model uses). The optimizer kernels give the optimizer step."""
 from __future__ import annotations
 
-import re
-
 from analysis.classify import classify_kernel
 
-EXPERT_RX = re.compile(r"grouped|moe|expert", re.IGNORECASE)
 DENSE = ("gemm", "attention", "norm", "elementwise", "other")
 CLASSES = DENSE + ("expert_gemm", "optimizer")
 
@@ -30,9 +27,7 @@ def kernel_class(name: str) -> str | None:
     fam, cls = classify_kernel(name)
     if fam != "compute":
         return None
-    if cls == "gemm" and EXPERT_RX.search(name or ""):
-        return "expert_gemm"
-    return {"reduction": "norm"}.get(cls, cls)
+    return {"reduction": "norm", "gemm_grouped": "expert_gemm"}.get(cls, cls)
 
 
 def class_times(con, job: str) -> dict | None:
