@@ -167,20 +167,22 @@ def comm_overlap(con, job: str) -> list[dict]:
 
 def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
     """Where the time went: ns per rank-step (and share of all step time) by ledger and drill-down key — the
-    collective, its group's axis and (from a linked NCCL log) algorithm/protocol, the copy direction, or the
-    kernel class; for a gap ledger, the work that ended the gap. Largest first."""
-    schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64}
+    collective (its type as attribution matched it, the one ``waits`` reports), its group's axis and (from a
+    linked NCCL log) algorithm/protocol, the copy direction, or the kernel class; for a gap ledger, the work that
+    ended the gap. ``coll`` is the key's collective type (null when the key is not a collective).
+    Largest first."""
+    schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64, "coll": pl.Utf8}
     from analysis.attribution import drilldown_sql
 
     if not all(has_table(con, t) for t in ("ledger_intervals", "kernel_classes", "pg_axes", "collectives",
                                              "step_windows")):
         return _empty(schema)   # not attributed, or attributed by a version without the drill-down tables
-    drill = drilldown_sql(nccl=has_table(con, "nccl_coll_links"))
+    drill = drilldown_sql(nccl=has_table(con, "nccl_coll_links"), matches=has_table(con, "collective_matches"))
     df = _pl(con, f"""
         WITH w AS (SELECT count(*) AS n, sum(end_ns - start_ns) AS total FROM step_windows
                    WHERE job = ? AND end_ns > start_ns),
         k AS (
-            SELECT ledger, end_ns - start_ns AS ns,
+            SELECT ledger, end_ns - start_ns AS ns, coll,
                    coalesce(CASE WHEN coll IS NOT NULL THEN coll || coalesce(' (' || axis || ')', '')
                                  || coalesce(' ' || algorithm || '/' || protocol, '') END,
                             CASE WHEN copy_kind IS NOT NULL THEN 'copy ' || copy_kind END, kclass) AS what
@@ -189,8 +191,8 @@ def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
         SELECT ledger,
                CASE WHEN ledger IN ('host', 'io', 'idle') OR (ledger = 'bubble' AND what IS NULL)
                     THEN coalesce('waiting, then ' || what, 'waiting') ELSE coalesce(what, '-') END AS key,
-               sum(ns) / any_value(w.n) AS ns, sum(ns) / any_value(w.total) AS share
-        FROM k, w GROUP BY ALL ORDER BY ns DESC, ledger, key LIMIT {int(top)}""", [job, job])
+               sum(ns) / any_value(w.n) AS ns, sum(ns) / any_value(w.total) AS share, max(coll) AS coll
+        FROM k, w GROUP BY ledger, key ORDER BY ns DESC, ledger, key LIMIT {int(top)}""", [job, job])
     return df if df.height else _empty(schema)
 
 

@@ -434,3 +434,25 @@ def test_moe_one_rank_deepseek_shows_dispatch_combine(tmp_path):
     text = texts(moe_view.render(dict(m, job="ds")))
     assert "one rank: no cross-rank comparison" in text and "no all-to-all" not in text
     con.close()
+
+
+def test_breakdown_names_order_matched_collectives_as_waits_does(dlrm2023):
+    from analysis.waits import waits
+
+    con, gt = dlrm2023
+    bd = queries.ledger_breakdown(con, "a2a", top=10_000)
+    # the all-to-all runs as SendRecv kernels: its key is the matched collective's type, not the kernel's class
+    assert not any("sendrecv" in k for k in bd["key"])
+    strag = bd.filter(pl.col("ledger") == "straggler")
+    assert set(strag["key"]) == {"all_to_all", "allreduce"} == set(strag["coll"])
+    assert set(bd["coll"].drop_nulls()) <= {r["coll"] for r in waits(con, "a2a")["rows"]}
+    # every comm interval is keyed (the gaps the collectives ended too)
+    n = con.execute("""SELECT count(*) FROM ledger_drilldown WHERE job = 'a2a' AND kclass IN ('sendrecv', 'allreduce')
+                       AND coll IS NULL""").fetchone()[0]
+    assert n == 0
+    # straggler time per collective type adds up to the planted waits
+    per = dict(zip(strag["key"], strag["ns"] * con.execute("SELECT count(*) FROM step_windows WHERE job = 'a2a'"
+                                                           ).fetchone()[0]))
+    planted = sum(w for s in gt["steps"] for c in s["collectives"] if c["host_op"] == "nccl:all_to_all"
+                  for w in c["wait_ns"])
+    assert per["all_to_all"] == pytest.approx(planted)
