@@ -4,8 +4,9 @@ by its ledger, the drill-down keys as args) and a critical-path track (analysis.
 where the path moves to another rank. Times are on the reference clock (each rank's clock offset applied), written
 as microseconds with three decimals after ``baseTimeNanoseconds``, so every nanosecond survives a re-ingest.
 
-Processes: rank R's host is pid 10*R + 1 and its GPU pid 10*R + 2 (thread ids as recorded; GPU threads are its
-streams; the ledger and critical-path tracks are threads of the GPU process).
+Processes: rank R's host is pid 10*R + 1 and its GPU pid 10*R + 2 (thread ids as recorded, a text one such as
+"PyTorch Profiler" as a JSON string; GPU threads are its streams; the ledger and critical-path tracks are threads
+of the GPU process). Every value is written through the JSON serializer (analysis.chrome_trace), one event a line.
 """
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ DRILL_KEYS = ("op_name", "pg_name", "seq", "kclass", "coll", "bytes", "group_siz
 
 class ExportError(Exception):
     pass
+
+
+def _tid(v):
+    """A stored thread id as the trace had it: the integer of a decimal one, else the text ("PyTorch Profiler")."""
+    if v is None:
+        return 0
+    try:
+        return int(v) if str(int(v)) == v else v
+    except ValueError:
+        return v
 
 
 def _has(con, table):
@@ -84,7 +95,7 @@ def export_trace(con, job: str, steps=None, rank=None) -> str:
                 if c is not None:
                     kv["correlation"] = c
                 args = json.dumps(kv)
-            out.append(_event("X", cat, name, hp, tid if tid is not None else 0, (s - o - base), (e - s), args))
+            out.append(_event("X", cat, name, hp, _tid(tid), (s - o - base), (e - s), args))
         for kind, name, stream, s, e, args in con.execute(
                 "SELECT kind, name, stream, start_ns, end_ns, args FROM gpu_ops WHERE job = ? AND rank = ? "
                 "AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns", [job, r, a, b]).fetchall():
@@ -145,9 +156,9 @@ def _path_events(con, job, ranks, base, steps):
         if nxt is not None and nxt[0] == step and nxt[2] != r and nxt[2] in keep:
             flow += 1
             yield _event("s", "ninefold_critical_path", "critical path", gp, PATH_TID, (e - base - 1),
-                      extra=f', "id": {flow}')
+                      extra={"id": flow})
             yield _event("f", "ninefold_critical_path", "critical path", 10 * nxt[2] + 2, PATH_TID,
-                      (nxt[5] - base), extra=f', "id": {flow}, "bp": "e"')
+                      (nxt[5] - base), extra={"id": flow, "bp": "e"})
 
 
 def write_trace(con, job: str, out, steps=None, rank=None) -> Path:
