@@ -114,7 +114,7 @@ def _charged(con, job, rank, s, w_end) -> dict:
 
 def waits(con, job: str) -> dict:
     """{"rows": per matched collective and rank, "ranks": per-rank summary}; times in ns (arrivals aligned to
-    rank 0's clock, relative to the job's first matched arrival)."""
+    rank 0's clock, relative to the job's first matched arrival; dur_ns the kernel's own duration)."""
     f = collective_frame(con, job).filter(pl.col("matched"))
     if f.height == 0:
         return {"rows": [], "ranks": []}
@@ -122,7 +122,8 @@ def waits(con, job: str) -> dict:
     keys = ["wait_ns"] + [f"{k}_ns" for k in CHARGED] + ["transfer_ns", "tracelens_wait_ns"]
     rows = [{"rank": r["rank"], "pg": r["pg"], "coll": r["coll"], "seq": r["seq"], "ord": r["ord"],
              "members": r["members"], "arrival_ns": r["arrival_ns"] - t0,
-             "last_arrival_ns": r["last_arrival_ns"] - t0, **{k: r[k] for k in keys}}
+             "last_arrival_ns": r["last_arrival_ns"] - t0, "dur_ns": r["end_ns"] - r["start_ns"],
+             **{k: r[k] for k in keys}}
             for r in f.iter_rows(named=True)]
     per = f.group_by("rank").agg(pl.len().alias("collectives"), *[pl.col(k).sum() for k in keys]).sort("rank")
     ranks = [{"rank": r["rank"], "collectives": r["collectives"], **{k: int(r[k]) for k in keys}}
