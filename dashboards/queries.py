@@ -15,17 +15,7 @@ from analysis.ledgers import LEDGERS
 NO_PREDICTION = "no prediction stored; run ninefold compare"
 NOT_ATTRIBUTED = "no ledgers stored for this job; run ninefold attribute"
 
-# all-to-all spellings in record_param_comms "Collective name" (c10d op names) and NCCL/DeepEP kernel names
-A2A_COLLS = ("all_to_all", "alltoall", "all_to_allv", "alltoall_base", "all_to_all_single", "alltoallv")
-A2A_SQL = ("(lower(coll) IN (" + ", ".join(f"'{c}'" for c in A2A_COLLS) + ") "
-           "OR kernel_name ILIKE 'nccl%AllToAll%' OR kernel_name ILIKE '%deep_ep::%' "
-           "OR kernel_name ILIKE '%dispatch%' OR kernel_name ILIKE '%combine%')")
 P2P_SQL = "lower(coll) IN ('send', 'recv', 'sendrecv', 'batch_isend_irecv')"
-# expert GEMMs: grouped GEMM kernels, or GEMMs launched inside an expert annotation (see moe())
-EXPERT_KERNEL_SQL = "(name ILIKE '%grouped%gemm%' OR name ILIKE '%gemm%grouped%' OR name ILIKE '%moe%' " \
-                    "OR name ILIKE '%expert%')"
-GEMM_KERNEL_SQL = ("(name ILIKE '%gemm%' OR name ILIKE '%matmul%' OR name ILIKE '%cutlass%' OR name ILIKE '%cublas%' "
-                   "OR name ILIKE '%xmma%' OR name ILIKE '%nvjet%' OR name ILIKE '%wgmma%')")
 
 _LEDGER_ORDER = "CASE ledger " + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(LEDGERS)) + " END"
 
@@ -414,7 +404,8 @@ def all_to_alls(con, job: str) -> pl.DataFrame:
     from analysis.waits import collective_frame, is_all_to_all
 
     f = collective_frame(con, job)
-    f = f.filter(pl.col("coll").map_elements(is_all_to_all, return_dtype=pl.Boolean).fill_null(False))
+    a2a = [c for c in f["coll"].unique().drop_nulls() if is_all_to_all(c)]  # the types, once each
+    f = f.filter(pl.col("coll").is_in(a2a))
     last = pl.col("rank").sort_by(["arrival_ns", "rank"]).last().over("gid")
     return f.with_columns(pl.when(pl.col("matched")).then(last).otherwise(None).alias("last_rank"))
 
