@@ -456,3 +456,13 @@ def test_breakdown_names_order_matched_collectives_as_waits_does(dlrm2023):
     planted = sum(w for s in gt["steps"] for c in s["collectives"] if c["host_op"] == "nccl:all_to_all"
                   for w in c["wait_ns"])
     assert per["all_to_all"] == pytest.approx(planted)
+
+
+def test_stragglers_view_of_a_pipeline_says_only_send_recv_matched(ro):
+    from dashboards.views import stragglers as stragglers_view
+
+    # the 1F1B job's matched transfers are all point-to-point: their waits are bubble, not straggler
+    assert ro.execute("SELECT bool_and(p2p) AND count(*) > 0 FROM collective_matches WHERE job = 'pp4_1f1b' "
+                      "AND matched").fetchone()[0]
+    html = texts(stragglers_view.render(stragglers_view.load(ro, "pp4_1f1b")))
+    assert "no collective other than point-to-point send/recv matched" in html

@@ -55,8 +55,8 @@ def render(data):
     head = f"<h2 class='nf'>Stragglers: {data['job']}</h2>"
     mx = data["matrix"]
     if mx.height == 0:
-        return [div(head + note("no collectives matched across ranks (by process group and sequence, or by "
-                                "order): nothing waited for a peer"))]
+        return [div(head + note("no collective other than point-to-point send/recv matched across ranks (by "
+                                "process group and sequence, or by order): no straggler wait"))]
     worst = data["ranks"].row(0, named=True)
     txt = note(f"charged to straggler: {fmt_ns(data['straggler_ns'])} over all ranks; rank {worst['rank']} makes "
                f"others wait most: "
