@@ -331,10 +331,17 @@ def timeline_window(con, job: str, step: int) -> tuple[int, int] | None:
 # ---------------------------------------------------------------- stragglers
 def _matched(con, job: str) -> pl.DataFrame:
     """The collectives attribution matched across ranks (by sequence or by order), not point-to-point, from
-    analysis.waits.collective_frame, with each one's first and last arrival and its last rank."""
+    analysis.waits.collective_frame, with each one's first and last arrival and its last rank; pg is the process
+    group's description where the trace gives one."""
     from analysis.waits import collective_frame
 
     f = collective_frame(con, job).filter(pl.col("matched") & ~pl.col("p2p"))
+    if f.height and has_table(con, "pg_axes"):
+        desc = _pl(con, "SELECT DISTINCT pg_name AS pg, pg_desc FROM pg_axes WHERE job = ? AND pg_desc IS NOT NULL",
+                   [job])
+        if desc.height:
+            f = (f.join(desc.unique("pg"), on="pg", how="left")
+                 .with_columns(pl.coalesce("pg_desc", "pg").alias("pg")).drop("pg_desc"))
     return f.with_columns(pl.col("arrival_ns").min().over("gid").alias("first_ns"),
                           pl.col("arrival_ns").max().over("gid").alias("last_ns"),
                           pl.col("rank").sort_by(["arrival_ns", "rank"]).last().over("gid").alias("last_rank"))
