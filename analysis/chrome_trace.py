@@ -31,15 +31,26 @@ def json_str(s: str) -> str:
     return v
 
 
+def _value(v) -> str:
+    """A JSON value: an int as json.dumps writes it, a string through the cache, anything else json.dumps."""
+    t = type(v)
+    if t is int:
+        return str(v)
+    if t is str:
+        return json_str(v)
+    return json.dumps(v)
+
+
 def event(ph: str, cat: str, name: str, pid, tid, ts_ns: int, dur_ns: int | None = None,
           args: str | dict | None = None, extra: dict | None = None) -> str:
     """One event object: ``ph``/``cat``/``name``/``pid``/``tid`` and EXTRA's members (any JSON values, through
     the serializer), ``ts`` (+ ``dur``) as exact microseconds, and ``args`` (a dict, or the JSON text of one as
     the store keeps it)."""
-    d = {"ph": ph, "cat": cat, "name": name, "pid": pid, "tid": tid}
+    s = (f'{{"ph": {json_str(ph)}, "cat": {_value(cat)}, "name": {_value(name)}, "pid": {_value(pid)}, '
+         f'"tid": {_value(tid)}')
     if extra:
-        d.update(extra)
-    s = json.dumps(d)[:-1] + f', "ts": {fmt_us(ts_ns)}'
+        s += ", " + json.dumps(extra)[1:-1]
+    s += f', "ts": {fmt_us(ts_ns)}'
     if dur_ns is not None:
         s += f', "dur": {fmt_us(dur_ns)}'
     if args is not None:

@@ -176,3 +176,15 @@ def test_export_of_a_2023_job_with_string_thread_ids(tmp_path, rank):
     doc = _export_round_trip(con, "torchrec", rank, tmp_path / f"r{rank}.json", tmp_path)
     assert "PyTorch Profiler" in {e.get("tid") for e in doc["traceEvents"]}
     con.close()
+
+
+def test_event_writes_any_value_a_trace_carried_as_json():
+    from analysis.chrome_trace import event, meta
+
+    odd = ["PyTorch Profiler", "", None, 7, -1, 2 ** 70, 1.5, True, 'quote " and \\ and \x01 and \u2028']
+    for v in odd:
+        ev = json.loads(event("X", v if isinstance(v, str) else "cpu_op", v, v, v, 1001, 2, args={"k": v},
+                              extra={"id": v}))
+        assert (ev["pid"], ev["tid"], ev["id"], ev["args"]["k"], ev["ts"], ev["dur"]) == (v, v, v, v, 1.001, 0.002)
+        assert ev["name"] == v
+        assert json.loads(meta(v, v, "thread_name", str(v)))["tid"] == v
