@@ -5,6 +5,9 @@ Each returns a polars DataFrame (or a small dict of them). Tables written by lat
 query checks first and returns an empty frame, so a view can say what to run instead of failing.
 
 Times stay integer ns; clocks are aligned with ``clock_offsets`` (aligned = own clock − offset_ns).
+What the analysis layer decides is read from it, never re-derived here: the Stragglers and MoE queries take the
+collectives attribution matched from ``analysis.waits.collective_frame`` (what ``waits`` reads), kernel classes
+from ``kernel_classes``, and the breakdown's collective from ``analysis.attribution.drilldown_sql``.
 """
 from __future__ import annotations
 
