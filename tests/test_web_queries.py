@@ -466,3 +466,14 @@ def test_stragglers_view_of_a_pipeline_says_only_send_recv_matched(ro):
                       "AND matched").fetchone()[0]
     html = texts(stragglers_view.render(stragglers_view.load(ro, "pp4_1f1b")))
     assert "no collective other than point-to-point send/recv matched" in html
+
+
+def test_moe_expert_gemms_come_from_the_stored_classes(rw_copy, demo):
+    """Expert GEMMs are the kernels of a grouped-GEMM class in kernel_classes, or of any gemm* class launched in an
+    *expert* range: with the range renamed the generator's grouped GEMMs count only once their stored class says
+    grouped."""
+    con, gt = rw_copy, demo[1]["moe4"]
+    con.execute("UPDATE host_ops SET name = 'moe::ffn' WHERE job = 'moe4' AND name ILIKE '%expert%'")
+    assert queries.moe(con, "moe4")["ranks"]["expert_gemm_ns"].to_list() == [0] * 4
+    con.execute("UPDATE kernel_classes SET kclass = 'gemm_grouped' WHERE job = 'moe4' AND name LIKE '%gemm_grouped%'")
+    assert queries.moe(con, "moe4")["ranks"].sort("rank")["expert_gemm_ns"].to_list() == gt["expert_gemm_ns"]
