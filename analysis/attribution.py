@@ -48,19 +48,49 @@ DDL = {
 
 # Every charged interval with the LEDGERS drill-down keys: kernel class, collective type, process group and
 # its axis, message bytes, copy direction; and, where an NCCL log was linked to the collective, its
-# algorithm, protocol and channels.
-def drilldown_sql(nccl: bool = True) -> str:
+# algorithm, protocol and channels. The collective is the one attribution matched (collective_matches, whose
+# type `waits` reports): by (process group, sequence) where the interval carries them; else, for a collective
+# matched by order, the kernel of the interval's op name on its rank that contains the interval, or that starts
+# where it ends (a gap is keyed by the op that ended it).
+MATCHED_KERNELS = """
+        SELECT m.job, m.rank, m.pg_name, m.seq, m.start_ns, m.end_ns, c.kernel_name, min(m.coll) AS coll,
+               max(c.bytes) AS bytes, max(c.group_size) AS group_size
+        FROM collective_matches m
+        JOIN collectives c ON c.job = m.job AND c.rank = m.rank AND c.start_ns = m.start_ns AND c.source = 'kernel'
+             AND coalesce(c.pg_name, '') = coalesce(m.pg_name, '') AND coalesce(c.seq, -1) = coalesce(m.seq, -1)
+        GROUP BY ALL"""
+# a store attributed before collective_matches: the collectives themselves, typed as alignment types them
+RECORDED_KERNELS = """
+        SELECT job, rank, nullif(pg_name, '') AS pg_name, seq, start_ns, end_ns, kernel_name,
+               min(nullif(lower(coll), '')) AS coll, max(bytes) AS bytes, max(group_size) AS group_size
+        FROM collectives WHERE source = 'kernel' GROUP BY ALL"""
+
+
+def drilldown_sql(nccl: bool = True, matches: bool = True) -> str:
     """The SELECT behind ledger_drilldown (queries embed it, so a store written by an older version, whose view
-    lacks a column, still answers). NCCL=False leaves out the NCCL log columns (as NULL)."""
-    sql = """
-    SELECT li.*, kc.kclass, c.coll, c.bytes, c.group_size, pa.axis, nl.algorithm, nl.protocol, nl.n_channels,
+    lacks a column, still answers). NCCL=False leaves out the NCCL log columns (as NULL); MATCHES=False reads
+    the collectives themselves, for a store without collective_matches."""
+    sql = f"""
+    WITH ck AS ({MATCHED_KERNELS if matches else RECORDED_KERNELS}
+    ), iv AS (
+        SELECT li.*, o.coll AS o_coll, o.bytes AS o_bytes, o.group_size AS o_group_size,
+               li.seq IS NULL AND ((o.start_ns <= li.start_ns AND li.end_ns <= o.end_ns) OR o.start_ns = li.end_ns)
+                   AS o_hit
+        FROM ledger_intervals li
+        ASOF LEFT JOIN (SELECT * FROM ck WHERE seq IS NULL) o
+             ON o.job = li.job AND o.rank = li.rank AND o.kernel_name = li.op_name AND o.start_ns <= li.end_ns
+    )
+    SELECT li.* EXCLUDE (o_coll, o_bytes, o_group_size, o_hit), kc.kclass,
+           coalesce(c.coll, CASE WHEN o_hit THEN o_coll END) AS coll,
+           coalesce(c.bytes, CASE WHEN o_hit THEN o_bytes END) AS bytes,
+           coalesce(c.group_size, CASE WHEN o_hit THEN o_group_size END) AS group_size,
+           pa.axis, nl.algorithm, nl.protocol, nl.n_channels,
            CASE WHEN li.op_name LIKE 'Memcpy %' THEN nullif(regexp_extract(li.op_name, 'Memcpy (\\w+)', 1), '')
            END AS copy_kind
-    FROM ledger_intervals li
+    FROM iv li
     LEFT JOIN kernel_classes kc ON kc.job = li.job AND kc.name = li.op_name
-    LEFT JOIN (SELECT job, rank, pg_name, seq, min(lower(coll)) AS coll, max(bytes) AS bytes,
-                      max(group_size) AS group_size
-               FROM collectives WHERE seq IS NOT NULL GROUP BY ALL) c
+    LEFT JOIN (SELECT job, rank, pg_name, seq, min(coll) AS coll, max(bytes) AS bytes, max(group_size) AS group_size
+               FROM ck WHERE seq IS NOT NULL GROUP BY ALL) c
            ON c.job = li.job AND c.rank = li.rank AND c.pg_name = li.pg_name AND c.seq = li.seq
     LEFT JOIN pg_axes pa ON pa.job = li.job AND pa.pg_name = li.pg_name
     LEFT JOIN (SELECT job, rank, pg_name, seq, min(algorithm) AS algorithm, min(protocol) AS protocol,

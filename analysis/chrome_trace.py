@@ -1,9 +1,12 @@
-"""The one Chrome-trace (Kineto JSON) text writer of the project: exact microsecond timestamps, JSON string
-literals, complete events, flow ends and metadata, each as one line of text. ``analysis.export`` writes stored
-jobs with it; the sample generators (``sample_traces.kineto_writer``) write their rank files with it.
+"""The one Chrome-trace (Kineto JSON) event writer of the export: exact microsecond timestamps, every other value
+through the JSON serializer, complete events, flow ends and metadata, each as one line of text.
+``analysis.export`` writes stored jobs with it; the sample generators (``sample_traces.kineto_writer``) format
+their timestamps with ``fmt_us`` and their names with ``json_str``.
 
 Timestamps are integer nanoseconds written as microseconds with exactly three decimals (as Kineto's ``fmtTs``
-prints them), never through a float, so a trace written here ingests back to the same nanoseconds.
+prints them), never through a float, so a trace written here ingests back to the same nanoseconds. Everything
+else — names, categories, pids and tids of any JSON type, args — goes through ``json.dumps``, so any value a
+trace carried (a string tid such as ``"PyTorch Profiler"``, quotes, control characters) is written as valid JSON.
 """
 from __future__ import annotations
 
@@ -28,23 +31,37 @@ def json_str(s: str) -> str:
     return v
 
 
+def _value(v) -> str:
+    """A JSON value: an int as json.dumps writes it, a string through the cache, anything else json.dumps."""
+    t = type(v)
+    if t is int:
+        return str(v)
+    if t is str:
+        return json_str(v)
+    return json.dumps(v)
+
+
 def event(ph: str, cat: str, name: str, pid, tid, ts_ns: int, dur_ns: int | None = None,
-          args: str | None = None, extra: str = "") -> str:
-    """One event object: ``ph``/``cat``/``name``/``pid``/``tid``/``ts`` (+ ``dur``, ``args`` as JSON text, and
-    EXTRA, text of further members starting with ', ')."""
-    s = (f'{{"ph": "{ph}", "cat": {json_str(cat)}, "name": {json_str(name)}, "pid": {pid}, "tid": {tid}, '
-         f'"ts": {fmt_us(ts_ns)}')
+          args: str | dict | None = None, extra: dict | None = None) -> str:
+    """One event object: ``ph``/``cat``/``name``/``pid``/``tid`` and EXTRA's members (any JSON values, through
+    the serializer), ``ts`` (+ ``dur``) as exact microseconds, and ``args`` (a dict, or the JSON text of one as
+    the store keeps it)."""
+    s = (f'{{"ph": {json_str(ph)}, "cat": {_value(cat)}, "name": {_value(name)}, "pid": {_value(pid)}, '
+         f'"tid": {_value(tid)}')
+    if extra:
+        s += ", " + json.dumps(extra)[1:-1]
+    s += f', "ts": {fmt_us(ts_ns)}'
     if dur_ns is not None:
         s += f', "dur": {fmt_us(dur_ns)}'
     if args is not None:
-        s += f', "args": {args}'
-    return s + extra + "}"
+        s += ', "args": ' + (args if isinstance(args, str) else json.dumps(args, default=str))
+    return s + "}"
 
 
 def meta(pid, tid, what: str, name: str, sort: int | None = None) -> str:
     """A ``process_name``/``thread_name`` metadata event (and its ``*_sort_index`` when SORT is given)."""
-    s = f'{{"ph": "M", "name": "{what}", "pid": {pid}, "tid": {tid}, "args": {{"name": {json_str(name)}}}}}'
+    s = json.dumps({"ph": "M", "name": what, "pid": pid, "tid": tid, "args": {"name": name}})
     if sort is None:
         return s
-    return s + f',\n{{"ph": "M", "name": "{what.split("_")[0]}_sort_index", "pid": {pid}, "tid": {tid}, ' \
-               f'"args": {{"sort_index": {sort}}}}}'
+    return s + ",\n" + json.dumps({"ph": "M", "name": f"{what.split('_')[0]}_sort_index", "pid": pid, "tid": tid,
+                                   "args": {"sort_index": sort}})

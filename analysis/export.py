@@ -4,8 +4,9 @@ by its ledger, the drill-down keys as args) and a critical-path track (analysis.
 where the path moves to another rank. Times are on the reference clock (each rank's clock offset applied), written
 as microseconds with three decimals after ``baseTimeNanoseconds``, so every nanosecond survives a re-ingest.
 
-Processes: rank R's host is pid 10*R + 1 and its GPU pid 10*R + 2 (thread ids as recorded; GPU threads are its
-streams; the ledger and critical-path tracks are threads of the GPU process).
+Processes: rank R's host is pid 10*R + 1 and its GPU pid 10*R + 2 (thread ids as recorded, a text one such as
+"PyTorch Profiler" as a JSON string; GPU threads are its streams; the ledger and critical-path tracks are threads
+of the GPU process). Every value is written through the JSON serializer (analysis.chrome_trace), one event a line.
 """
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ class ExportError(Exception):
     pass
 
 
+def _tid(v):
+    """A stored thread id as the trace had it: the integer of a decimal one, else the text ("PyTorch Profiler")."""
+    if v is None:
+        return 0
+    try:
+        return int(v) if str(int(v)) == v else v
+    except ValueError:
+        return v
+
+
 def _has(con, table):
     return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
                             [table]).fetchall()[0][0])
@@ -32,6 +43,43 @@ def _has(con, table):
 
 def export_trace(con, job: str, steps=None, rank=None) -> str:
     """The Chrome-trace JSON text of JOB (all its steps, or STEPS; all ranks, or RANK)."""
+    return "".join(iter_trace(con, job, steps=steps, rank=rank))
+
+
+def iter_trace(con, job: str, steps=None, rank=None):
+    """export_trace's text in pieces (the head, then a batch of event lines at a time), read from the store as it
+    is written: a big job is never held whole. An ExportError (no such job, rank or step) is raised here, before
+    any piece."""
+    ranks, span, off, base, head = _plan(con, job, steps, rank)
+
+    def pieces():
+        yield json.dumps(head)[:-1] + ', "traceEvents": [\n'
+        first = True
+        for batch in _batches(ev for r in ranks for ev in _rank_events(con, job, r, int(off.get(r, 0) or 0),
+                                                                        span[r], base, steps)):
+            yield ("" if first else ",\n") + ",\n".join(batch)
+            first = False
+        for batch in _batches(_path_events(con, job, ranks, base, steps)):
+            yield ("" if first else ",\n") + ",\n".join(batch)
+            first = False
+        yield "\n]}\n"
+    return pieces()
+
+
+def _batches(events, n: int = 20_000):
+    batch = []
+    for ev in events:
+        batch.append(ev)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _plan(con, job, steps, rank):
+    """(ranks, span per rank, clock offsets, base ns, head object) of an export; ExportError when the job, a rank
+    or a step asked for is not there."""
     if not _has(con, "step_windows") or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?",
                                                         [job]).fetchall()[0][0]:
         raise ExportError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
@@ -64,34 +112,6 @@ def export_trace(con, job: str, steps=None, rank=None) -> str:
     tr = con.execute("SELECT rank, world_size, device_name FROM traces WHERE job = ?", [job]).fetchall()
     world = max([w or 0 for _, w, _ in tr] + [len(ranks)])
     dev = next((d for _, _, d in tr if d), None)
-    out = []
-    for r in ranks:
-        o = int(off.get(r, 0) or 0)
-        a, b = span[r]
-        hp, gp = 10 * r + 1, 10 * r + 2
-        out.append(_meta(hp, 0, "process_name", f"rank {r} host", 2 * r))
-        out.append(_meta(gp, 0, "process_name", f"rank {r} GPU", 2 * r + 1))
-        out.append(_meta(gp, LEDGER_TID, "thread_name", "ledgers", 0))
-        out.append(_meta(gp, PATH_TID, "thread_name", "critical path", 1))
-        for cat, name, tid, s, e, x, c, args in con.execute(
-                "SELECT cat, name, tid, start_ns, end_ns, external_id, correlation, args FROM host_ops "
-                "WHERE job = ? AND rank = ? AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns, end_ns DESC",
-                [job, r, a, b]).fetchall():
-            if args is None:
-                kv = {}
-                if x is not None:
-                    kv["External id"] = x
-                if c is not None:
-                    kv["correlation"] = c
-                args = json.dumps(kv)
-            out.append(_event("X", cat, name, hp, tid if tid is not None else 0, (s - o - base), (e - s), args))
-        for kind, name, stream, s, e, args in con.execute(
-                "SELECT kind, name, stream, start_ns, end_ns, args FROM gpu_ops WHERE job = ? AND rank = ? "
-                "AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns", [job, r, a, b]).fetchall():
-            out.append(_event("X", GPU_CAT.get(kind, kind), name, gp, stream if stream is not None else 0,
-                           (s - o - base), (e - s), args or "{}"))
-        out.extend(_ledger_events(con, job, r, o, base, gp, steps))
-    out.extend(_path_events(con, job, ranks, base, steps))
     head = {"schemaVersion": 1, "displayTimeUnit": "ns", "baseTimeNanoseconds": base,
             "ninefold": {"job": job, "steps": sorted(steps) if steps is not None else "all",
                          "clock": "reference (clock_offsets applied)"}}
@@ -99,8 +119,48 @@ def export_trace(con, job: str, steps=None, rank=None) -> str:
         head["distributedInfo"] = {"rank": rank, "world_size": world}
     if dev:
         head["deviceProperties"] = [{"id": 0, "name": dev}]
-    h = json.dumps(head)[:-1]
-    return h + ', "traceEvents": [\n' + ",\n".join(out) + "\n]}\n"
+    return ranks, span, off, base, head
+
+
+def _rows(con, sql, params, n: int = 50_000):
+    """The rows of a query, N at a time, on a cursor of its own (in the connection's current database)."""
+    db = con.execute("SELECT current_database()").fetchall()[0][0]
+    cur = con.cursor()
+    try:
+        cur.execute(f"USE {json.dumps(db)}")
+        cur.execute(sql, params)
+        while rows := cur.fetchmany(n):
+            yield from rows
+    finally:
+        cur.close()
+
+
+def _rank_events(con, job, r, o, ab, base, steps):
+    """Rank R's event lines: process and thread names, host ops, GPU ops and its ledger track."""
+    a, b = ab
+    hp, gp = 10 * r + 1, 10 * r + 2
+    yield _meta(hp, 0, "process_name", f"rank {r} host", 2 * r)
+    yield _meta(gp, 0, "process_name", f"rank {r} GPU", 2 * r + 1)
+    yield _meta(gp, LEDGER_TID, "thread_name", "ledgers", 0)
+    yield _meta(gp, PATH_TID, "thread_name", "critical path", 1)
+    for cat, name, tid, s, e, x, c, args in _rows(
+            con, "SELECT cat, name, tid, start_ns, end_ns, external_id, correlation, args FROM host_ops "
+            "WHERE job = ? AND rank = ? AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns, end_ns DESC",
+            [job, r, a, b]):
+        if args is None:
+            kv = {}
+            if x is not None:
+                kv["External id"] = x
+            if c is not None:
+                kv["correlation"] = c
+            args = json.dumps(kv)
+        yield _event("X", cat, name, hp, _tid(tid), (s - o - base), (e - s), args)
+    for kind, name, stream, s, e, args in _rows(
+            con, "SELECT kind, name, stream, start_ns, end_ns, args FROM gpu_ops WHERE job = ? AND rank = ? "
+            "AND end_ns >= ? AND start_ns <= ? ORDER BY start_ns", [job, r, a, b]):
+        yield _event("X", GPU_CAT.get(kind, kind), name, gp, stream if stream is not None else 0,
+                     (s - o - base), (e - s), args or "{}")
+    yield from _ledger_events(con, job, r, o, base, gp, steps)
 
 
 def _ledger_events(con, job, r, o, base, gp, steps):
@@ -114,7 +174,7 @@ def _ledger_events(con, job, r, o, base, gp, steps):
     if steps is not None:
         q += " AND list_contains(?::INTEGER[], step)"
         params.append(sorted(steps))
-    for row in con.execute(q + " ORDER BY start_ns", params).fetchall():
+    for row in _rows(con, q + " ORDER BY start_ns", params):
         step, led, s, e = row[:4]
         kv = {"step": step}
         kv.update({k: v for k, v in zip(keys, row[4:]) if v is not None})
@@ -145,23 +205,25 @@ def _path_events(con, job, ranks, base, steps):
         if nxt is not None and nxt[0] == step and nxt[2] != r and nxt[2] in keep:
             flow += 1
             yield _event("s", "ninefold_critical_path", "critical path", gp, PATH_TID, (e - base - 1),
-                      extra=f', "id": {flow}')
+                      extra={"id": flow})
             yield _event("f", "ninefold_critical_path", "critical path", 10 * nxt[2] + 2, PATH_TID,
-                      (nxt[5] - base), extra=f', "id": {flow}, "bp": "e"')
+                      (nxt[5] - base), extra={"id": flow, "bp": "e"})
 
 
 def write_trace(con, job: str, out, steps=None, rank=None) -> Path:
-    """Write export_trace(...) to OUT (gzip when it ends in .gz), atomically."""
+    """Write export_trace(...) to OUT (gzip when it ends in .gz) as it is read, atomically."""
     import gzip
     import os
 
     out = Path(out)
-    text = export_trace(con, job, steps=steps, rank=rank).encode()
+    pieces = iter_trace(con, job, steps=steps, rank=rank)  # refuses before the file is opened
     tmp = out.with_name(out.name + ".tmp")
-    if out.suffix == ".gz":
-        with gzip.open(tmp, "wb") as f:
-            f.write(text)
-    else:
-        tmp.write_bytes(text)
+    try:
+        with (gzip.open(tmp, "wb") if out.suffix == ".gz" else open(tmp, "wb")) as f:
+            for piece in pieces:
+                f.write(piece.encode())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out)
     return out

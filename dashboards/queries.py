@@ -5,6 +5,9 @@ Each returns a polars DataFrame (or a small dict of them). Tables written by lat
 query checks first and returns an empty frame, so a view can say what to run instead of failing.
 
 Times stay integer ns; clocks are aligned with ``clock_offsets`` (aligned = own clock − offset_ns).
+What the analysis layer decides is read from it, never re-derived here: the Stragglers and MoE queries take the
+collectives attribution matched from ``analysis.waits.collective_frame`` (what ``waits`` reads), kernel classes
+from ``kernel_classes``, and the breakdown's collective from ``analysis.attribution.drilldown_sql``.
 """
 from __future__ import annotations
 
@@ -15,17 +18,7 @@ from analysis.ledgers import LEDGERS
 NO_PREDICTION = "no prediction stored; run ninefold compare"
 NOT_ATTRIBUTED = "no ledgers stored for this job; run ninefold attribute"
 
-# all-to-all spellings in record_param_comms "Collective name" (c10d op names) and NCCL/DeepEP kernel names
-A2A_COLLS = ("all_to_all", "alltoall", "all_to_allv", "alltoall_base", "all_to_all_single", "alltoallv")
-A2A_SQL = ("(lower(coll) IN (" + ", ".join(f"'{c}'" for c in A2A_COLLS) + ") "
-           "OR kernel_name ILIKE 'nccl%AllToAll%' OR kernel_name ILIKE '%deep_ep::%' "
-           "OR kernel_name ILIKE '%dispatch%' OR kernel_name ILIKE '%combine%')")
 P2P_SQL = "lower(coll) IN ('send', 'recv', 'sendrecv', 'batch_isend_irecv')"
-# expert GEMMs: grouped GEMM kernels, or GEMMs launched inside an expert annotation (see moe())
-EXPERT_KERNEL_SQL = "(name ILIKE '%grouped%gemm%' OR name ILIKE '%gemm%grouped%' OR name ILIKE '%moe%' " \
-                    "OR name ILIKE '%expert%')"
-GEMM_KERNEL_SQL = ("(name ILIKE '%gemm%' OR name ILIKE '%matmul%' OR name ILIKE '%cutlass%' OR name ILIKE '%cublas%' "
-                   "OR name ILIKE '%xmma%' OR name ILIKE '%nvjet%' OR name ILIKE '%wgmma%')")
 
 _LEDGER_ORDER = "CASE ledger " + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(LEDGERS)) + " END"
 
@@ -167,20 +160,22 @@ def comm_overlap(con, job: str) -> list[dict]:
 
 def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
     """Where the time went: ns per rank-step (and share of all step time) by ledger and drill-down key — the
-    collective, its group's axis and (from a linked NCCL log) algorithm/protocol, the copy direction, or the
-    kernel class; for a gap ledger, the work that ended the gap. Largest first."""
-    schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64}
+    collective (its type as attribution matched it, the one ``waits`` reports), its group's axis and (from a
+    linked NCCL log) algorithm/protocol, the copy direction, or the kernel class; for a gap ledger, the work that
+    ended the gap. ``coll`` is the key's collective type (null when the key is not a collective).
+    Largest first."""
+    schema = {"ledger": pl.Utf8, "key": pl.Utf8, "ns": pl.Float64, "share": pl.Float64, "coll": pl.Utf8}
     from analysis.attribution import drilldown_sql
 
     if not all(has_table(con, t) for t in ("ledger_intervals", "kernel_classes", "pg_axes", "collectives",
                                              "step_windows")):
         return _empty(schema)   # not attributed, or attributed by a version without the drill-down tables
-    drill = drilldown_sql(nccl=has_table(con, "nccl_coll_links"))
+    drill = drilldown_sql(nccl=has_table(con, "nccl_coll_links"), matches=has_table(con, "collective_matches"))
     df = _pl(con, f"""
         WITH w AS (SELECT count(*) AS n, sum(end_ns - start_ns) AS total FROM step_windows
                    WHERE job = ? AND end_ns > start_ns),
         k AS (
-            SELECT ledger, end_ns - start_ns AS ns,
+            SELECT ledger, end_ns - start_ns AS ns, coll,
                    coalesce(CASE WHEN coll IS NOT NULL THEN coll || coalesce(' (' || axis || ')', '')
                                  || coalesce(' ' || algorithm || '/' || protocol, '') END,
                             CASE WHEN copy_kind IS NOT NULL THEN 'copy ' || copy_kind END, kclass) AS what
@@ -189,8 +184,8 @@ def ledger_breakdown(con, job: str, top: int = 15) -> pl.DataFrame:
         SELECT ledger,
                CASE WHEN ledger IN ('host', 'io', 'idle') OR (ledger = 'bubble' AND what IS NULL)
                     THEN coalesce('waiting, then ' || what, 'waiting') ELSE coalesce(what, '-') END AS key,
-               sum(ns) / any_value(w.n) AS ns, sum(ns) / any_value(w.total) AS share
-        FROM k, w GROUP BY ALL ORDER BY ns DESC, ledger, key LIMIT {int(top)}""", [job, job])
+               sum(ns) / any_value(w.n) AS ns, sum(ns) / any_value(w.total) AS share, max(coll) AS coll
+        FROM k, w GROUP BY ledger, key ORDER BY ns DESC, ledger, key LIMIT {int(top)}""", [job, job])
     return df if df.height else _empty(schema)
 
 
@@ -337,118 +332,147 @@ def timeline_window(con, job: str, step: int) -> tuple[int, int] | None:
 
 
 # ---------------------------------------------------------------- stragglers
-def _arrivals_sql(con, where: str = "true") -> str:
-    """Collective members matched by (pg, seq, p2p-or-not) with ≥ 2 ranks, with aligned arrival/end."""
-    return f"""
-        WITH o AS ({_offsets_cte(con, '$job')}),
-        c AS (
-            SELECT c.rank, c.pg_name, coalesce(c.pg_desc, c.pg_name) AS pg, c.seq, lower(c.coll) AS coll,
-                   c.bytes, c.in_nelems, c.out_nelems, c.start_ns, c.end_ns, c.kernel_name,
-                   c.start_ns - o.offset_ns AS arrival_ns, c.end_ns - o.offset_ns AS end_al_ns,
-                   {P2P_SQL} AS p2p
-            FROM collectives c JOIN o ON o.rank = c.rank
-            WHERE c.job = $job AND c.seq IS NOT NULL AND c.pg_name IS NOT NULL AND c.start_ns IS NOT NULL
-              AND ({where})
-        ),
-        g AS (
-            SELECT *, count(DISTINCT rank) OVER k AS members, max(arrival_ns) OVER k AS last_ns,
-                   min(arrival_ns) OVER k AS first_ns, arg_max(rank, arrival_ns) OVER k AS last_rank
-            FROM c WINDOW k AS (PARTITION BY pg_name, seq, p2p)
-        ),
-        m AS (SELECT *, arrival_ns - first_ns AS skew_ns, greatest(least(last_ns, end_al_ns) - arrival_ns, 0)
-                        AS wait_ns FROM g WHERE members >= 2)"""
+def _matched(con, job: str) -> pl.DataFrame:
+    """The collectives attribution matched across ranks (by sequence or by order), not point-to-point, from
+    analysis.waits.collective_frame, with each one's first and last arrival and its last rank; pg is the process
+    group's description where the trace gives one."""
+    from analysis.waits import collective_frame
+
+    f = collective_frame(con, job).filter(pl.col("matched") & ~pl.col("p2p"))
+    if f.height and has_table(con, "pg_axes"):
+        desc = _pl(con, "SELECT DISTINCT pg_name AS pg, pg_desc FROM pg_axes WHERE job = ? AND pg_desc IS NOT NULL",
+                   [job])
+        if desc.height:
+            f = (f.join(desc.unique("pg"), on="pg", how="left")
+                 .with_columns(pl.coalesce("pg_desc", "pg").alias("pg")).drop("pg_desc"))
+    return f.with_columns(pl.col("arrival_ns").min().over("gid").alias("first_ns"),
+                          pl.col("arrival_ns").max().over("gid").alias("last_ns"),
+                          pl.col("rank").sort_by(["arrival_ns", "rank"]).last().over("gid").alias("last_rank"))
+
+
+def _label(pg, seq, coll, ord_) -> str:
+    return f"{pg}:{seq} {coll}" if seq is not None else f"{pg + ':' if pg else ''}{coll} #{ord_}"
 
 
 def straggler_matrix(con, job: str, max_collectives: int = 400) -> pl.DataFrame:
-    """Rank × collective arrival skew: one row per (collective, rank) of matched non-P2P collectives.
+    """Rank × collective arrival skew: one row per (collective, rank) of the non-P2P collectives attribution
+    matched across ranks (by process group and sequence, or by order).
 
     skew_ns = aligned arrival − first arrival of that collective; wait_ns = how long the rank waited for the
-    last member. ``col`` numbers the collectives in aligned-time order; at most max_collectives of them
-    (those with the largest spread when there are more)."""
+    last member, straggler_ns the part of it charged to the straggler ledger. ``col`` numbers the collectives in
+    aligned-time order; at most max_collectives of them (those with the largest spread when there are more)."""
     schema = {"col": pl.Int64, "label": pl.Utf8, "pg": pl.Utf8, "seq": pl.Int64, "coll": pl.Utf8,
-              "rank": pl.Int32, "skew_ns": pl.Int64, "wait_ns": pl.Int64, "last_rank": pl.Int32}
-    if not has_table(con, "collectives"):
+              "rank": pl.Int32, "skew_ns": pl.Int64, "wait_ns": pl.Int64, "straggler_ns": pl.Int64,
+              "last_rank": pl.Int32}
+    m = _matched(con, job)
+    if m.height == 0:
         return _empty(schema)
-    df = (_pl(con, _arrivals_sql(con, f"NOT ({P2P_SQL})") + """,
-        k AS (SELECT pg_name, seq, min(first_ns) AS t, max(last_ns) - min(first_ns) AS spread
-              FROM m GROUP BY pg_name, seq),
-        top AS (SELECT * FROM k ORDER BY spread DESC LIMIT $cap),
-        num AS (SELECT pg_name, seq, row_number() OVER (ORDER BY t) - 1 AS col FROM top)
-        SELECT num.col, m.pg || ':' || m.seq || ' ' || m.coll AS label, m.pg, m.seq, m.coll,
-               m.rank::INTEGER AS rank, m.skew_ns::BIGINT AS skew_ns, m.wait_ns::BIGINT AS wait_ns,
-               m.last_rank::INTEGER AS last_rank
-        FROM m JOIN num USING (pg_name, seq) ORDER BY num.col, m.rank""",
-                     {"job": job, "cap": int(max_collectives)}))
-    return df if df.height else _empty(schema)
+    k = (m.group_by("gid").agg(pl.col("first_ns").first().alias("t"),
+                               (pl.col("last_ns").first() - pl.col("first_ns").first()).alias("spread"))
+         .sort(["spread", "t", "gid"], descending=[True, False, False]).head(int(max_collectives))
+         .sort(["t", "gid"]).with_row_index("col").with_columns(pl.col("col").cast(pl.Int64)))
+    out = m.join(k.select("gid", "col"), on="gid").sort(["col", "rank"])
+    labels = [_label(*x) for x in zip(out["pg"], out["seq"], out["coll"], out["ord"])]
+    return out.with_columns(pl.Series("label", labels, dtype=pl.Utf8),
+                            (pl.col("arrival_ns") - pl.col("first_ns")).alias("skew_ns"),
+                            pl.col("last_rank").cast(pl.Int32)).select(list(schema)).cast(schema)
 
 
 def straggler_ranks(con, job: str, limit: int = 20) -> pl.DataFrame:
-    """The ranks that make others wait most: per rank, the time the other members of the collectives where
-    it arrived last spent waiting for it (caused_wait_ns), how often it was last, and its own wait."""
+    """The ranks that make others wait most, over the non-P2P collectives attribution matched: per rank, the
+    straggler time charged to the other members of the collectives where it arrived last (caused_wait_ns), how
+    often it was last, its own wait (own_wait_ns), the part of that charged to straggler (straggler_ns: over
+    all ranks, the job's straggler ledger) and how many matched collectives it ran."""
     schema = {"rank": pl.Int32, "caused_wait_ns": pl.Int64, "times_last": pl.Int64, "own_wait_ns": pl.Int64,
-              "collectives": pl.Int64}
-    if not has_table(con, "collectives"):
+              "straggler_ns": pl.Int64, "collectives": pl.Int64}
+    m = _matched(con, job)
+    if m.height == 0:
         return _empty(schema)
-    df = (_pl(con, _arrivals_sql(con, f"NOT ({P2P_SQL})") + """,
-        caused AS (SELECT last_rank AS rank, sum(wait_ns) AS caused_wait_ns,
-                          count(DISTINCT (pg_name, seq)) AS times_last
-                   FROM m WHERE rank <> last_rank GROUP BY last_rank),
-        own AS (SELECT rank, sum(wait_ns) AS own_wait_ns, count(*) AS collectives FROM m GROUP BY rank)
-        SELECT own.rank::INTEGER AS rank, coalesce(caused.caused_wait_ns, 0)::BIGINT AS caused_wait_ns,
-               coalesce(caused.times_last, 0)::BIGINT AS times_last, own.own_wait_ns::BIGINT AS own_wait_ns,
-               own.collectives::BIGINT AS collectives
-        FROM own LEFT JOIN caused USING (rank)
-        ORDER BY caused_wait_ns DESC, rank LIMIT $lim""", {"job": job, "lim": int(limit)}))
-    return df if df.height else _empty(schema)
+    caused = (m.filter(pl.col("rank") != pl.col("last_rank")).group_by("last_rank")
+              .agg(pl.col("straggler_ns").sum().alias("caused_wait_ns"), pl.col("gid").n_unique().alias("times_last"))
+              .rename({"last_rank": "rank"}))
+    own = m.group_by("rank").agg(pl.col("wait_ns").sum().alias("own_wait_ns"), pl.col("straggler_ns").sum(),
+                                 pl.len().alias("collectives"))
+    df = (own.join(caused, on="rank", how="left")
+          .with_columns(pl.col("caused_wait_ns").fill_null(0), pl.col("times_last").fill_null(0))
+          .sort(["caused_wait_ns", "rank"], descending=[True, False]).head(int(limit)))
+    return df.select(list(schema)).cast(schema)
+
+
+def straggler_total(con, job: str) -> int:
+    """Time charged to the straggler ledger inside matched collectives, over all ranks (= the job's straggler
+    ledger total: straggler time is only ever charged there)."""
+    m = _matched(con, job)
+    return int(m["straggler_ns"].sum()) if m.height else 0
 
 
 # ---------------------------------------------------------------- MoE
+def all_to_alls(con, job: str) -> pl.DataFrame:
+    """The job's all-to-all kernels as attribution stored them (analysis.waits.collective_frame rows whose type
+    is an all-to-all: the recorded or host-op collective, else the kernel's class), matched or not, with the
+    last member's rank of each matched one."""
+    from analysis.waits import collective_frame, is_all_to_all
+
+    f = collective_frame(con, job)
+    a2a = [c for c in f["coll"].unique().drop_nulls() if is_all_to_all(c)]  # the types, once each
+    f = f.filter(pl.col("coll").is_in(a2a))
+    last = pl.col("rank").sort_by(["arrival_ns", "rank"]).last().over("gid")
+    return f.with_columns(pl.when(pl.col("matched")).then(last).otherwise(None).alias("last_rank"))
+
+
+def _expert_gemms(con, job: str) -> pl.DataFrame:
+    """Per rank: expert GEMM time and count — kernels of a grouped-GEMM class, or of any GEMM class (``gemm*`` in
+    kernel_classes) launched inside an ``*expert*`` host range of their rank."""
+    if not has_table(con, "kernel_classes"):
+        return _empty({"rank": pl.Int32, "expert_gemm_ns": pl.Int64, "expert_gemms": pl.Int64})
+    return _pl(con, """
+        WITH ex AS (SELECT rank, start_ns, end_ns FROM host_ops WHERE job = $job AND name ILIKE '%expert%'),
+        launch AS (SELECT h.rank, h.correlation, h.start_ns FROM host_ops h
+                   WHERE h.job = $job AND h.cat IN ('cuda_runtime', 'cuda_driver') AND h.correlation IS NOT NULL),
+        k AS (SELECT g.rank, g.end_ns - g.start_ns AS ns, kc.kclass LIKE '%grouped%' AS grouped,
+                     l.start_ns AS launch_ns
+              FROM gpu_ops g JOIN kernel_classes kc ON kc.job = g.job AND kc.name = g.name
+              LEFT JOIN launch l ON l.rank = g.rank AND l.correlation = g.correlation
+              WHERE g.job = $job AND g.kind = 'kernel' AND kc.kclass LIKE 'gemm%'),
+        tagged AS (SELECT rank, ns, grouped OR EXISTS (SELECT 1 FROM ex WHERE ex.rank = k.rank
+                                                       AND k.launch_ns >= ex.start_ns AND k.launch_ns < ex.end_ns)
+                                    AS expert FROM k)
+        SELECT rank::INTEGER AS rank, coalesce(sum(ns) FILTER (expert), 0)::BIGINT AS expert_gemm_ns,
+               count(*) FILTER (expert) AS expert_gemms
+        FROM tagged GROUP BY rank""", {"job": job})
+
+
 def moe(con, job: str) -> dict:
     """The MoE drill-down.
 
-    ranks: per rank all-to-all count, bytes sent (a2a_bytes) and received (a2a_out_bytes), kernel time, wait for the last member, expert GEMM
-    time (grouped-GEMM kernels, or GEMM kernels launched inside an ``*expert*`` host range), step_ns.
-    slowest: the busiest expert rank (largest expert GEMM time; step time breaks ties).
+    ranks: per rank all-to-all count, how many of them recorded their size (a2a_sized), bytes sent (a2a_bytes)
+    and received (a2a_out_bytes), kernel time (a2a_ns),
+    wait for the last member (a2a_wait_ns), times it arrived last, expert GEMM time and count, step_ns — the
+    all-to-alls of all_to_alls(), the expert GEMMs of _expert_gemms().
+    one_rank: the job has one rank (its all-to-alls have no peer: no wait, no cross-rank comparison).
+    slowest: the busiest expert rank (largest expert GEMM time; step time breaks ties); None without all-to-alls.
     ledgers: that rank's mean per-step ledgers against the mean over ranks.
     predicted_makespan_ns: busiest predicted rank's step (None when no prediction)."""
+    ranks_ = job_ranks(con, job)
     out = {"ranks": _empty({"rank": pl.Int32}), "slowest": None, "ledgers": _empty({"ledger": pl.Utf8}),
-           "predicted_makespan_ns": None, "measured_makespan_ns": None}
-    if not has_table(con, "collectives"):
+           "predicted_makespan_ns": None, "measured_makespan_ns": None, "one_rank": len(ranks_) == 1}
+    a = all_to_alls(con, job)
+    if a.height == 0:
         return out
-    n_a2a = _one(con, f"SELECT count(*) FROM collectives WHERE job = ? AND {A2A_SQL}", [job])[0]
-    if not n_a2a:
-        return out
-    a2a = (_pl(con, _arrivals_sql(con, A2A_SQL) + """
-        SELECT rank::INTEGER AS rank, count(*) AS a2a_count, sum(coalesce(bytes, 0))::BIGINT AS a2a_bytes,
-               sum(coalesce(CASE WHEN in_nelems > 0 THEN bytes // in_nelems * out_nelems END, 0))::BIGINT
-                   AS a2a_out_bytes,
-               sum(end_ns - start_ns)::BIGINT AS a2a_ns, sum(wait_ns)::BIGINT AS a2a_wait_ns,
-               count(*) FILTER (rank = last_rank) AS times_last
-        FROM m GROUP BY rank""", {"job": job}))
-    gemm = _pl(con, f"""
-        WITH ex AS (SELECT rank, start_ns, end_ns FROM host_ops WHERE job = ? AND name ILIKE '%expert%'),
-        launch AS (SELECT h.rank, h.correlation, h.start_ns FROM host_ops h
-                   WHERE h.job = ? AND h.cat IN ('cuda_runtime', 'cuda_driver') AND h.correlation IS NOT NULL),
-        k AS (SELECT g.rank, g.name, g.start_ns, g.end_ns, l.start_ns AS launch_ns
-              FROM gpu_ops g LEFT JOIN launch l ON l.rank = g.rank AND l.correlation = g.correlation
-              WHERE g.job = ? AND g.kind = 'kernel' AND {GEMM_KERNEL_SQL.replace('name', 'g.name')}),
-        tagged AS (
-            SELECT k.rank, k.end_ns - k.start_ns AS ns,
-                   {EXPERT_KERNEL_SQL.replace('name', 'k.name')}
-                   OR EXISTS (SELECT 1 FROM ex WHERE ex.rank = k.rank AND k.launch_ns >= ex.start_ns
-                              AND k.launch_ns < ex.end_ns) AS expert
-            FROM k)
-        SELECT rank::INTEGER AS rank, coalesce(sum(ns) FILTER (expert), 0)::BIGINT AS expert_gemm_ns,
-               count(*) FILTER (expert) AS expert_gemms
-        FROM tagged GROUP BY rank""", [job, job, job])
+    a2a = a.group_by("rank").agg(
+        pl.len().alias("a2a_count"), pl.col("bytes").count().alias("a2a_sized"),
+        pl.col("bytes").fill_null(0).sum().alias("a2a_bytes"),
+        pl.col("out_bytes").fill_null(0).sum().alias("a2a_out_bytes"),
+        (pl.col("end_ns") - pl.col("start_ns")).sum().alias("a2a_ns"), pl.col("wait_ns").sum().alias("a2a_wait_ns"),
+        (pl.col("rank") == pl.col("last_rank")).sum().alias("times_last"))
     ov = job_overview(con, job).select(["rank", "step_ns"])
-    ranks = (pl.DataFrame({"rank": job_ranks(con, job)}, schema={"rank": pl.Int32})
+    ranks = (pl.DataFrame({"rank": ranks_}, schema={"rank": pl.Int32})
              .join(a2a.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
-             .join(gemm.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
+             .join(_expert_gemms(con, job).with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
              .join(ov.with_columns(pl.col("rank").cast(pl.Int32)), on="rank", how="left")
-             .with_columns([pl.col(c).fill_null(0) for c in ("a2a_count", "a2a_bytes", "a2a_out_bytes", "a2a_ns",
-                                                             "a2a_wait_ns",
-                                                             "times_last", "expert_gemm_ns", "expert_gemms")])
+             .with_columns([pl.col(c).fill_null(0).cast(pl.Int64)
+                            for c in ("a2a_count", "a2a_sized", "a2a_bytes", "a2a_out_bytes", "a2a_ns", "a2a_wait_ns",
+                                      "times_last", "expert_gemm_ns", "expert_gemms")])
              .sort("rank"))
     out["ranks"] = ranks
     if ranks.height:

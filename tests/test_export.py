@@ -10,7 +10,7 @@ import pytest
 from analysis.attribution import attribute_job
 from analysis.critical_path import critical_path
 from analysis.export import ExportError, export_trace, write_trace
-from conftest import ROOT
+from conftest import ROOT, SHARED_TRACES, needs_shared
 from ingest.load import ingest_paths, load_kineto
 from sample_traces.generate import generate
 from store.connection import connect
@@ -112,3 +112,79 @@ def test_one_trace_writer_formats_exact_microseconds():
     ev = _json.loads(event("X", "kernel", 'a "quoted" \\ name', 1, 7, 1234567, 89, args='{"k": 1}'))
     assert ev == {"ph": "X", "cat": "kernel", "name": 'a "quoted" \\ name', "pid": 1, "tid": 7,
                   "ts": 1234.567, "dur": 0.089, "args": {"k": 1}}
+
+
+def _kineto_files():
+    """Every Kineto trace of the shared corpus: a JSON object whose first MiB names its traceEvents."""
+    if not SHARED_TRACES.is_dir():
+        return []
+    out = []
+    for p in sorted(SHARED_TRACES.rglob("*")):
+        if not p.name.endswith((".json", ".json.gz")):
+            continue
+        try:
+            with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as f:
+                head = f.read(1 << 20)
+        except OSError:
+            continue
+        if head.lstrip().startswith(b"{") and b'"traceEvents"' in head:
+            out.append(p)
+    return out
+
+
+def _export_round_trip(con, job, rank, out, tmp_path):
+    """Export JOB's RANK to OUT: the text parses as JSON, and ingests again with the same GPU ops (relative to the
+    rank's first one) and the same host threads, string thread ids included."""
+    write_trace(con, job, out, rank=rank)
+    doc = json.loads(out.read_text())
+    assert doc["distributedInfo"]["rank"] == rank
+    back = connect(tmp_path / f"back{rank}.duckdb")
+    load_kineto(back, out, "back")
+    q = ("SELECT kind, name, stream, end_ns - start_ns, start_ns - min(start_ns) OVER () FROM gpu_ops "
+         "WHERE job = ? AND rank = ? ORDER BY ALL")
+    assert back.execute(q, ["back", rank]).fetchall() == con.execute(q, [job, rank]).fetchall()
+    tq = ("SELECT DISTINCT tid FROM host_ops WHERE job = ? AND rank = ? AND NOT starts_with(cat, 'ninefold_') "
+          "ORDER BY 1")
+    assert back.execute(tq, ["back", rank]).fetchall() == con.execute(tq, [job, rank]).fetchall()
+    back.close()
+    return doc
+
+
+@needs_shared
+@pytest.mark.parametrize("path", _kineto_files(), ids=lambda p: str(p.relative_to(SHARED_TRACES)))
+def test_export_of_every_shared_kineto_trace_is_json_that_ingests_again(tmp_path, path):
+    con = connect(tmp_path / "s.duckdb")
+    load_kineto(con, path, "s", rank=0)
+    attribute_job(con, "s")
+    if not con.execute("SELECT count(*) FROM step_windows WHERE job = 's'").fetchone()[0]:
+        with pytest.raises(ExportError, match="no attributed step windows"):
+            export_trace(con, "s")
+        return
+    _export_round_trip(con, "s", 0, tmp_path / "s.json", tmp_path)
+    con.close()
+
+
+@needs_shared
+@pytest.mark.parametrize("rank", [0, 1])
+def test_export_of_a_2023_job_with_string_thread_ids(tmp_path, rank):
+    """2 ranks of a 2023 TorchRec job, whose Kineto writes "tid": "PyTorch Profiler" for its own thread: each rank
+    exports as JSON with that tid a string, and ingests again."""
+    con = connect(tmp_path / "t.duckdb")
+    for r in (0, 1):
+        load_kineto(con, SHARED_TRACES / f"hta/trace_filter/sampled_rank-{r}.json.gz", "torchrec")
+    attribute_job(con, "torchrec")
+    doc = _export_round_trip(con, "torchrec", rank, tmp_path / f"r{rank}.json", tmp_path)
+    assert "PyTorch Profiler" in {e.get("tid") for e in doc["traceEvents"]}
+    con.close()
+
+
+def test_event_writes_any_value_a_trace_carried_as_json():
+    from analysis.chrome_trace import event, meta
+
+    odd = ["PyTorch Profiler", "", None, 7, -1, 2 ** 70, 1.5, True, 'quote " and \\ and \x01 and \u2028']
+    for v in odd:
+        ev = json.loads(event("X", v if isinstance(v, str) else "cpu_op", v, v, v, 1001, 2, args={"k": v},
+                              extra={"id": v}))
+        assert (ev["pid"], ev["tid"], ev["id"], ev["args"]["k"], ev["ts"], ev["dur"]) == (v, v, v, v, 1.001, 0.002)
+        assert ev["name"] == v
+        assert json.loads(meta(v, v, "thread_name", str(v)))["tid"] == v

@@ -6,6 +6,7 @@ import pytest
 
 from analysis.ledgers import LEDGERS
 from dashboards import queries
+from conftest import SHARED_TRACES, needs_shared
 from sample_traces.demo_store import build_demo_store
 from dashboards.views import memory as memory_view
 from dashboards.views import moe as moe_view
@@ -350,3 +351,129 @@ def test_ledger_breakdown_adds_up_to_the_ledgers(ro):
     assert "allreduce (dp)" in keys and "gemm" in keys and "copy DtoH" in keys
     html = texts(overview_view.render(overview_view.load(ro, "dp4")))
     assert "Where the time went" in html and "allreduce (dp)" in html
+
+
+@pytest.fixture(scope="module")
+def dlrm2023(tmp_path_factory):
+    """A 2023-style 8-rank DLRM job (sample_traces.alltoall2023): all-to-alls as SendRecv kernels under
+    nccl:all_to_all, no sequence numbers, so attribution matches every collective by order."""
+    from analysis.attribution import attribute_job
+    from ingest.load import ingest_paths
+    from sample_traces.alltoall2023 import generate_a2a
+    from store.connection import connect
+
+    d = tmp_path_factory.mktemp("a2a")
+    gt = generate_a2a(d / "job", ranks=8, steps=2, seed=3)
+    con = connect(d / "a2a.duckdb")
+    assert all(r.status != "failed" for r in ingest_paths(con, sorted((d / "job").glob("rank-*.json")), job="a2a"))
+    attribute_job(con, "a2a")
+    yield con, gt
+    con.close()
+
+
+def test_stragglers_read_order_matched_collectives(dlrm2023):
+    from dashboards.style import fmt_ns
+    from dashboards.views import stragglers as stragglers_view
+
+    con, gt = dlrm2023
+    assert con.execute("SELECT count(*) FROM collective_matches WHERE job = 'a2a' AND seq IS NOT NULL"
+                       ).fetchone()[0] == 0  # nothing to match by sequence
+    n_colls = sum(len(s["collectives"]) for s in gt["steps"])
+    mx = queries.straggler_matrix(con, "a2a")
+    assert mx["col"].n_unique() == n_colls and mx.height == 8 * n_colls
+    assert set(mx["coll"]) == {"all_to_all", "allreduce"}
+    # one clock, all members end together: each rank's straggler time is exactly its planted waits
+    r = queries.straggler_ranks(con, "a2a").sort("rank")
+    assert r["straggler_ns"].to_list() == gt["straggler_ns_per_rank"]
+    assert queries.straggler_total(con, "a2a") == sum(gt["straggler_ns_per_rank"])
+    # the planted straggler (the last rank, 400 us late at the third all-to-all of each step) is last there
+    third = mx.filter(pl.col("label").str.ends_with("all_to_all #3") & (pl.col("rank") == 7))
+    assert third["last_rank"].to_list() == [7] and third["skew_ns"][0] >= 400_000
+    html = texts(stragglers_view.render(stragglers_view.load(con, "a2a")))
+    assert "no collectives matched" not in html
+    assert f"charged to straggler: {fmt_ns(sum(gt['straggler_ns_per_rank']))} over all ranks" in html
+
+
+def test_moe_counts_order_matched_all_to_alls(dlrm2023):
+    con, gt = dlrm2023
+    m = queries.moe(con, "a2a")
+    ranks = m["ranks"].sort("rank")
+    a2a = [c for s in gt["steps"] for c in s["collectives"] if c["host_op"] == "nccl:all_to_all"]
+    assert ranks["a2a_count"].to_list() == [len(a2a)] * 8
+    assert ranks["a2a_ns"].to_list() == [sum(c["end_true_ns"] - c["arrival_true_ns"][r] for c in a2a)
+                                         for r in range(8)]
+    assert ranks["a2a_wait_ns"].to_list() == [sum(c["wait_ns"][r] for c in a2a) for r in range(8)]
+    assert ranks["a2a_sized"].to_list() == [0] * 8   # old record_param_comms carry no sizes
+    text = texts(moe_view.render(dict(m, job="a2a")))
+    assert f"in {len(a2a)} calls, sizes not recorded" in text
+
+
+@needs_shared
+def test_moe_one_rank_deepseek_shows_dispatch_combine(tmp_path):
+    from analysis.attribution import attribute_job
+    from ingest.load import load_kineto
+    from store.connection import connect
+
+    con = connect(tmp_path / "ds.duckdb")
+    load_kineto(con, SHARED_TRACES / "deepseek" / "train.json", "ds", rank=0)
+    attribute_job(con, "ds")
+    m = queries.moe(con, "ds")
+    assert m["one_rank"] and m["slowest"] == 0
+    row = m["ranks"].row(0, named=True)
+    # DeepEP's dispatch and combine kernels are this rank's all-to-alls
+    ns, n = con.execute("SELECT sum(end_ns - start_ns), count(*) FROM gpu_ops WHERE job = 'ds' AND kind = 'kernel' "
+                        "AND (name LIKE '%::dispatch<%' OR name LIKE '%::combine<%')").fetchone()
+    assert (row["a2a_ns"], row["a2a_count"]) == (ns, n) and ns > 50_000_000
+    assert row["a2a_wait_ns"] == 0
+    # expert GEMM time: the kernels the classifier put in a grouped-GEMM class (no *expert* range in this trace)
+    grouped = con.execute("""SELECT coalesce(sum(g.end_ns - g.start_ns), 0), count(*) FROM gpu_ops g
+        JOIN kernel_classes k ON k.job = g.job AND k.name = g.name
+        WHERE g.job = 'ds' AND g.kind = 'kernel' AND starts_with(k.kclass, 'gemm') AND contains(k.kclass, 'grouped')
+        """).fetchone()
+    assert (row["expert_gemm_ns"], row["expert_gemms"]) == grouped
+    text = texts(moe_view.render(dict(m, job="ds")))
+    assert "one rank: no cross-rank comparison" in text and "no all-to-all" not in text
+    con.close()
+
+
+def test_breakdown_names_order_matched_collectives_as_waits_does(dlrm2023):
+    from analysis.waits import waits
+
+    con, gt = dlrm2023
+    bd = queries.ledger_breakdown(con, "a2a", top=10_000)
+    # the all-to-all runs as SendRecv kernels: its key is the matched collective's type, not the kernel's class
+    assert not any("sendrecv" in k for k in bd["key"])
+    strag = bd.filter(pl.col("ledger") == "straggler")
+    assert set(strag["key"]) == {"all_to_all", "allreduce"} == set(strag["coll"])
+    assert set(bd["coll"].drop_nulls()) <= {r["coll"] for r in waits(con, "a2a")["rows"]}
+    # every comm interval is keyed (the gaps the collectives ended too)
+    n = con.execute("""SELECT count(*) FROM ledger_drilldown WHERE job = 'a2a' AND kclass IN ('sendrecv', 'allreduce')
+                       AND coll IS NULL""").fetchone()[0]
+    assert n == 0
+    # straggler time per collective type adds up to the planted waits
+    per = dict(zip(strag["key"], strag["ns"] * con.execute("SELECT count(*) FROM step_windows WHERE job = 'a2a'"
+                                                           ).fetchone()[0]))
+    planted = sum(w for s in gt["steps"] for c in s["collectives"] if c["host_op"] == "nccl:all_to_all"
+                  for w in c["wait_ns"])
+    assert per["all_to_all"] == pytest.approx(planted)
+
+
+def test_stragglers_view_of_a_pipeline_says_only_send_recv_matched(ro):
+    from dashboards.views import stragglers as stragglers_view
+
+    # the 1F1B job's matched transfers are all point-to-point: their waits are bubble, not straggler
+    assert ro.execute("SELECT bool_and(p2p) AND count(*) > 0 FROM collective_matches WHERE job = 'pp4_1f1b' "
+                      "AND matched").fetchone()[0]
+    html = texts(stragglers_view.render(stragglers_view.load(ro, "pp4_1f1b")))
+    assert "no collective other than point-to-point send/recv matched" in html
+
+
+def test_moe_expert_gemms_come_from_the_stored_classes(rw_copy, demo):
+    """Expert GEMMs are the kernels of a grouped-GEMM class in kernel_classes, or of any gemm* class launched in an
+    *expert* range: with the range renamed the generator's grouped GEMMs count only once their stored class says
+    grouped."""
+    con, gt = rw_copy, demo[1]["moe4"]
+    con.execute("UPDATE host_ops SET name = 'moe::ffn' WHERE job = 'moe4' AND name ILIKE '%expert%'")
+    assert queries.moe(con, "moe4")["ranks"]["expert_gemm_ns"].to_list() == [0] * 4
+    con.execute("UPDATE kernel_classes SET kclass = 'gemm_grouped' WHERE job = 'moe4' AND name LIKE '%gemm_grouped%'")
+    assert queries.moe(con, "moe4")["ranks"].sort("rank")["expert_gemm_ns"].to_list() == gt["expert_gemm_ns"]

@@ -1,5 +1,6 @@
 """MoE drill-down: per-rank all-to-all bytes, time and wait, expert GEMM time, and the slowest rank's ledgers
-against the mean; the predicted busiest-rank makespan when a prediction is stored."""
+against the mean; the predicted busiest-rank makespan when a prediction is stored. The all-to-alls are those
+attribution stored (queries.all_to_alls); a one-rank job shows its dispatch/combine and expert GEMM time alone."""
 from __future__ import annotations
 
 from bokeh.layouts import gridplot
@@ -58,9 +59,15 @@ def render(data):
     s = data["slowest"]
     row = ranks.filter(ranks["rank"] == s).row(0, named=True)
     mean_gemm = float(ranks["expert_gemm_ns"].mean())
-    facts = (f"slowest MoE rank {s}: expert GEMM {fmt_ns(row['expert_gemm_ns'])} (mean {fmt_ns(mean_gemm)}), "
-             f"all-to-all received {fmt_bytes(row['a2a_out_bytes'])} in {row['a2a_count']} calls, waited "
-             f"{fmt_ns(row['a2a_wait_ns'])}; last to arrive in {row['times_last']} all-to-alls")
+    a2a = (f"all-to-all {fmt_ns(row['a2a_ns'])} in {row['a2a_count']} calls, "
+           + (f"received {fmt_bytes(row['a2a_out_bytes'])}" if row["a2a_sized"] else "sizes not recorded"))
+    if data.get("one_rank"):
+        facts = (f"one rank: no cross-rank comparison. Rank {s}: {a2a} (dispatch/combine); expert GEMM "
+                 f"{fmt_ns(row['expert_gemm_ns'])} in {row['expert_gemms']} kernels")
+    else:
+        facts = (f"slowest MoE rank {s}: expert GEMM {fmt_ns(row['expert_gemm_ns'])} (mean {fmt_ns(mean_gemm)}), "
+                 f"{a2a}, waited "
+                 f"{fmt_ns(row['a2a_wait_ns'])}; last to arrive in {row['times_last']} all-to-alls")
     if data["predicted_makespan_ns"] is None:
         pred = note(queries.NO_PREDICTION)
     else:
@@ -68,7 +75,8 @@ def render(data):
                     f"{fmt_ns(data['measured_makespan_ns'])}")
     table = html_table(["rank", "all-to-all calls", "bytes sent", "bytes received", "time", "wait", "expert GEMM",
                         "step"],
-                       [[r["rank"], r["a2a_count"], fmt_bytes(r["a2a_bytes"]), fmt_bytes(r["a2a_out_bytes"]),
+                       [[r["rank"], r["a2a_count"], fmt_bytes(r["a2a_bytes"]) if r["a2a_sized"] else "-",
+                         fmt_bytes(r["a2a_out_bytes"]) if r["a2a_sized"] else "-",
                          fmt_ns(r["a2a_ns"]),
                          fmt_ns(r["a2a_wait_ns"]), fmt_ns(r["expert_gemm_ns"]), fmt_ns(r["step_ns"])]
                         for r in ranks.iter_rows(named=True)])

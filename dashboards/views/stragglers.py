@@ -1,4 +1,5 @@
-"""Stragglers: rank × collective arrival skew (aligned clocks) and the ranks that make others wait."""
+"""Stragglers: rank × collective arrival skew (aligned clocks) and the ranks that make others wait, over the
+collectives attribution matched across ranks (by process group and sequence, or by order)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,8 @@ PLOT_NAME = "straggler_heatmap"
 
 
 def load(con, job: str) -> dict:
-    return {"job": job, "matrix": queries.straggler_matrix(con, job), "ranks": queries.straggler_ranks(con, job)}
+    return {"job": job, "matrix": queries.straggler_matrix(con, job), "ranks": queries.straggler_ranks(con, job),
+            "straggler_ns": queries.straggler_total(con, job)}
 
 
 def heatmap(mx):
@@ -43,17 +45,20 @@ def heatmap(mx):
 
 def ranks_html(data) -> str:
     r = data["ranks"]
-    rows = [[x["rank"], fmt_ns(x["caused_wait_ns"]), x["times_last"], fmt_ns(x["own_wait_ns"]), x["collectives"]]
-            for x in r.iter_rows(named=True)]
-    return html_table(["rank", "others waited for it", "times last", "own wait", "collectives"], rows)
+    rows = [[x["rank"], fmt_ns(x["caused_wait_ns"]), x["times_last"], fmt_ns(x["own_wait_ns"]),
+             fmt_ns(x["straggler_ns"]), x["collectives"]] for x in r.iter_rows(named=True)]
+    return html_table(["rank", "others waited for it", "times last", "own wait", "own straggler",
+                       "collectives"], rows)
 
 
 def render(data):
     head = f"<h2 class='nf'>Stragglers: {data['job']}</h2>"
     mx = data["matrix"]
     if mx.height == 0:
-        return [div(head + note("no collectives matched across ranks (by process group and sequence number)"))]
+        return [div(head + note("no collective other than point-to-point send/recv matched across ranks (by "
+                                "process group and sequence, or by order): no straggler wait"))]
     worst = data["ranks"].row(0, named=True)
-    txt = note(f"rank {worst['rank']} makes others wait most: {fmt_ns(worst['caused_wait_ns'])} in total, last to "
-               f"arrive in {worst['times_last']} collectives")
+    txt = note(f"charged to straggler: {fmt_ns(data['straggler_ns'])} over all ranks; rank {worst['rank']} makes "
+               f"others wait most: "
+               f"{fmt_ns(worst['caused_wait_ns'])} in total, last to arrive in {worst['times_last']} collectives")
     return [div(head + txt), heatmap(mx), div("<h3 class='nf'>Ranks that make others wait</h3>" + ranks_html(data))]
