@@ -61,9 +61,6 @@ JOBS = {
 SHARED_JOBS = {"torchrec_sampled_pair", "cpu_gloo_2rank", "deepseek_v3_rank"}
 CHECKS = ("stragglers", "moe", "breakdown", "inspect")
 # inspect counts NCCL/RCCL kernel names; attribution also charges DeepEP's dispatch/combine as communication
-XFAIL = {("deepseek_v3_rank", "inspect"): "inspect counts only nccl/rccl kernel names as communication kernels"}
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """One store; each job ingested and attributed the first time a check asks for it."""
@@ -89,8 +86,6 @@ def _cases():
             marks = []
             if job in SHARED_JOBS:
                 marks.append(needs_shared)
-            if (job, check) in XFAIL:
-                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[(job, check)]))
             out.append(pytest.param(job, check, marks=marks, id=f"{job}-{check}"))
     return out
 

@@ -420,10 +420,15 @@ def test_moe_one_rank_deepseek_shows_dispatch_combine(tmp_path):
     m = queries.moe(con, "ds")
     assert m["one_rank"] and m["slowest"] == 0
     row = m["ranks"].row(0, named=True)
-    # DeepEP's dispatch and combine kernels are this rank's all-to-alls
-    ns, n = con.execute("SELECT sum(end_ns - start_ns), count(*) FROM gpu_ops WHERE job = 'ds' AND kind = 'kernel' "
-                        "AND (name LIKE '%::dispatch<%' OR name LIKE '%::combine<%')").fetchone()
-    assert (row["a2a_ns"], row["a2a_count"]) == (ns, n) and ns > 50_000_000
+    # DeepEP's kernels (dispatch, combine and their notify steps) are this rank's all-to-alls, as classified
+    ns, n = con.execute("SELECT sum(end_ns - start_ns), count(*) FROM gpu_ops g JOIN kernel_classes k "
+                        "ON k.job = g.job AND k.name = g.name WHERE g.job = 'ds' AND g.kind = 'kernel' "
+                        "AND k.family = 'comm' AND k.kclass = 'alltoall'").fetchall()[0]
+    dc_ns, dc_n = con.execute("SELECT sum(end_ns - start_ns), count(*) FROM gpu_ops WHERE job = 'ds' "
+                              "AND kind = 'kernel' AND (name LIKE '%::dispatch<%' OR name LIKE '%::combine<%')"
+                              ).fetchall()[0]
+    assert (row["a2a_ns"], row["a2a_count"]) == (ns, n)
+    assert ns > dc_ns > 50_000_000 and n > dc_n == 16
     assert row["a2a_wait_ns"] == 0
     # expert GEMM time: the kernels the classifier put in a grouped-GEMM class (no *expert* range in this trace)
     grouped = con.execute("""SELECT coalesce(sum(g.end_ns - g.start_ns), 0), count(*) FROM gpu_ops g
@@ -474,6 +479,9 @@ def test_moe_expert_gemms_come_from_the_stored_classes(rw_copy, demo):
     grouped."""
     con, gt = rw_copy, demo[1]["moe4"]
     con.execute("UPDATE host_ops SET name = 'moe::ffn' WHERE job = 'moe4' AND name ILIKE '%expert%'")
+    # as attributed, the classifier already put the generator's grouped GEMMs in gemm_grouped
+    assert queries.moe(con, "moe4")["ranks"].sort("rank")["expert_gemm_ns"].to_list() == gt["expert_gemm_ns"]
+    con.execute("UPDATE kernel_classes SET kclass = 'gemm' WHERE job = 'moe4' AND kclass = 'gemm_grouped'")
     assert queries.moe(con, "moe4")["ranks"]["expert_gemm_ns"].to_list() == [0] * 4
     con.execute("UPDATE kernel_classes SET kclass = 'gemm_grouped' WHERE job = 'moe4' AND name LIKE '%gemm_grouped%'")
     assert queries.moe(con, "moe4")["ranks"].sort("rank")["expert_gemm_ns"].to_list() == gt["expert_gemm_ns"]
