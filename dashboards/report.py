@@ -1,6 +1,6 @@
 """Self-contained offline HTML report of one job: every view, BokehJS and CSS inline, no network needed.
 
-    write_report(db_path, job, out_path) -> Path
+    write_report(db_path, job, out_path, con=None) -> Path
 """
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ class UnknownJob(NinefoldError):
 
 def load_all(con, job: str, timeline_rows: int = 20_000) -> dict:
     """Everything the report shows, through the named queries on one read-only connection."""
+    from analysis.readiness import not_in_store
+
     known = queries.jobs(con)
-    if job not in known["job"].to_list():
-        names = ", ".join(known["job"].to_list()) or "none"
-        raise UnknownJob(f"job {job!r} is not in the store (jobs: {names})")
+    missing = not_in_store(con, job)
+    if missing:
+        raise UnknownJob(missing)
     return {
         "job": job,
         "summary": queries.job_summary(con, job),
@@ -85,9 +87,14 @@ def render(data):
     return column(*models, sizing_mode="stretch_width", name=REPORT_ROOT)
 
 
-def write_report(db_path, job: str, out_path) -> Path:
-    """Write ONE self-contained HTML file for JOB (atomically: a temp file renamed into place)."""
-    with read_connection(db_path) as con:
+def write_report(db_path, job: str, out_path, con=None) -> Path:
+    """Write ONE self-contained HTML file for JOB (atomically: a temp file renamed into place), read through CON
+    when given (the caller's open read connection; the CLI's waits for a busy store as --wait says), else
+    through a short read connection of its own."""
+    if con is None:
+        with read_connection(db_path) as con:
+            data = load_all(con, job)
+    else:
         data = load_all(con, job)
     html = file_html(render(data), resources=INLINE, title=f"ninefold report: {job}")
     out = Path(out_path)

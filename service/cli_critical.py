@@ -14,6 +14,12 @@ def _ms(ns):
     return f"{ns / 1e6:10.3f}"
 
 
+def _speedup(x) -> str:
+    """A speed-up as N.NNNx; None (the change leaves nothing of the step: a job of copies only, without its
+    copies) as 'all'."""
+    return "all" if x is None else f"{x:.3f}x"
+
+
 def _scale_opts(items):
     out = {}
     for it in items:
@@ -39,10 +45,10 @@ def register(cli) -> None:
         """The cross-rank critical path of each step: what it is made of, per ledger and per rank, and the
         pieces that weigh most. Stored in the critical_path table."""
         from analysis.critical_path import CriticalPathError, critical_path
-        from store.connection import connect
+        from service.cli_store import open_job
 
+        con = open_job(db, job, read_only=False)
         try:
-            con = connect(db)
             res = critical_path(con, job, steps=set(steps) or None)
             con.close()
         except (CriticalPathError, NinefoldError) as e:
@@ -79,11 +85,11 @@ def register(cli) -> None:
         every single-ledger removal ranked by the time it would save (what to fix first)."""
         from analysis.whatif import WhatIfError, rank_removals
         from analysis.whatif import whatif as run_whatif
-        from store.connection import connect
+        from service.cli_store import open_job
 
         sc = _scale_opts(scale)
+        con = open_job(db, job)
         try:
-            con = connect(db, read_only=True)
             if not remove and not sc:
                 rows = rank_removals(con, job, steps=set(steps) or None)
                 res = None
@@ -104,21 +110,23 @@ def register(cli) -> None:
             for r in rows:
                 led = f"{r['ledger_ns'] / 1e6:10.3f}" if r["ledger_ns"] is not None else f"{'-':>10s}"
                 click.echo(f"{r['remove']:14s} {r['projected_ns'] / 1e6:12.3f} {r['saved_ns'] / 1e6:10.3f} "
-                           f"{r['speedup']:8.3f}x {led}")
+                           f"{_speedup(r['speedup']):>9s} {led}")
+            if any(r["speedup"] is None for r in rows):
+                click.echo("(speed-up 'all': without that ledger nothing of the step is left)")
             return
         if fmt == "json":
             click.echo(json.dumps(res, indent=1, default=str))
             return
         what = ", ".join([f"without {x}" for x in remove] + [f"{k} x{v:g}" for k, v in sc.items()])
         click.echo(f"{job} {what}: {res['measured_ns'] / 1e6:.3f} ms -> {res['projected_ns'] / 1e6:.3f} ms "
-                   f"(saves {res['saved_ns'] / 1e6:.3f} ms, {res['speedup']:.3f}x)")
+                   f"(saves {res['saved_ns'] / 1e6:.3f} ms, speed-up {_speedup(res['speedup'])})")
         click.echo(f"{'step':>6s} {'measured ms':>11s} {'projected ms':>12s} {'saved ms':>10s}  new critical path")
         for s in res["steps"]:
             L = sum(s["path_kinds"].values()) or 1
             kinds = ", ".join(f"{k} {v / L:.0%}" for k, v in sorted(s["path_kinds"].items(), key=lambda kv: -kv[1]))
             ranks = ", ".join(f"r{k} {v / L:.0%}" for k, v in sorted(s["path_ranks"].items(), key=lambda kv: -kv[1]))
             click.echo(f"{s['step']:6d} {s['measured_ns'] / 1e6:11.3f} {s['projected_ns'] / 1e6:12.3f} "
-                       f"{s['saved_ns'] / 1e6:10.3f}  {kinds}; {ranks}")
+                       f"{s['saved_ns'] / 1e6:10.3f}  {f'{kinds}; {ranks}' if kinds else '-'}")
 
     @cli.command()
     @click.option("--db", required=True)
@@ -131,10 +139,10 @@ def register(cli) -> None:
         GPU streams on the reference clock, a ledger track and the critical path with arrows across ranks (run
         `ninefold critical-path` first to include it)."""
         from analysis.export import ExportError, write_trace
-        from store.connection import connect
+        from service.cli_store import open_job
 
+        con = open_job(db, job)
         try:
-            con = connect(db, read_only=True)
             p = write_trace(con, job, out, steps=set(steps) or None, rank=rank)
             con.close()
         except (ExportError, NinefoldError, OSError) as e:

@@ -96,14 +96,13 @@ def register(cli):
     def predict(config, db, job, no_calibrate, fmt, explain):
         """Predict the nine ledgers per step and the memory ledger from CONFIG (TOML)."""
         from analysis.cost_model.predict import predict_file
-        from store.connection import connect
+        from service.cli_store import open_job
 
         if (db is None) != (job is None):
             click.echo("error: --db and --job go together", err=True)
             sys.exit(2)
-        con = None
+        con = open_job(db, job, ledgers=False) if db else None
         try:
-            con = connect(db, read_only=True) if db else None
             pred = predict_file(config, con, job, calibrate_from_trace=not no_calibrate)
         except (NinefoldError, OSError) as e:
             click.echo(f"error: {e}", err=True)
@@ -147,24 +146,29 @@ def register(cli):
     @click.option("--no-calibrate", is_flag=True, help="use the presets' alpha/beta and the configured MFU")
     @click.option("--explain", is_flag=True, help="per ledger, the terms it is made of, with values and sources")
     def compare(db, job, config, no_calibrate, explain):
-        """Store the prediction for JOB and print measured, predicted and residual per ledger."""
+        """Store the prediction for JOB and print measured, predicted and residual per ledger (the residual as a
+        share of the measured step, as the report shows it). A job not attributed yet is attributed first (it
+        says so)."""
         from analysis.cost_model import compare as cmp
         from analysis.cost_model.predict import predict_file
         from analysis.ledgers import LEDGERS
-        from store.connection import connect
+        from service.cli_store import open_job
 
-        con = None
+        con = open_job(db, job, ledgers=False, read_only=False)
         try:
-            con = connect(db)
             meas = cmp.measured(con, job)
             if not meas:
                 from analysis.attribution import attribute_job
+                from analysis.readiness import lacks, not_attributed
 
-                if not con.execute("SELECT count(*) FROM traces WHERE job = ?", [job]).fetchone()[0]:
-                    raise NinefoldError(f"{db}: job {job!r} has no traces")
-                click.echo(f"{job}: no ledger_totals yet; running attribution")
+                if lacks(con, job):
+                    raise NinefoldError(not_attributed(con, job, db))
+                click.echo(f"attributing {job} first…", err=True)
                 attribute_job(con, job)
                 meas = cmp.measured(con, job)
+                if not meas:
+                    raise NinefoldError(f"job {job!r} has no attributable steps: no GPU op falls inside any of "
+                                        "its steps")
             pred = predict_file(config, con, job, calibrate_from_trace=not no_calibrate)
             n = cmp.store(con, job, pred)
         except (NinefoldError, OSError) as e:

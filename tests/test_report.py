@@ -79,8 +79,8 @@ def test_cli_report(demo, tmp_path):
 def test_cli_report_errors_are_one_line(demo, tmp_path):
     r = CliRunner().invoke(cli, ["report", "--db", str(demo[0]), "--job", "nope", "--out", str(tmp_path / "x.html")])
     assert r.exit_code == 2
-    assert r.output.strip() == "error: job 'nope' is not in the store (jobs: dp4, moe4)"
+    assert r.output.strip() == f"error: job 'nope' is not in the store {demo[0]} (jobs: dp4, moe4)"
     assert not (tmp_path / "x.html").exists()
     r = CliRunner().invoke(cli, ["report", "--db", str(tmp_path / "missing.duckdb"), "--job", "dp4",
                                  "--out", str(tmp_path / "x.html")])
-    assert r.exit_code == 2 and "missing.duckdb: no such DuckDB store" in r.output
+    assert r.exit_code == 2 and f"error: no store at {tmp_path / 'missing.duckdb'}: create it" in r.output
