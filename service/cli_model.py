@@ -151,6 +151,7 @@ def register(cli):
         says so)."""
         from analysis.cost_model import compare as cmp
         from analysis.cost_model.predict import predict_file
+        from analysis.cost_model.residual import HEADING, residual_text
         from analysis.ledgers import LEDGERS
         from service.cli_store import open_job
 
@@ -183,15 +184,16 @@ def register(cli):
         click.echo(f"{job}: config {config} (sha {pred.cfg.sha[:12]}), {len(pred.ledgers)} ranks predicted, "
                    f"{len(meas)} measured; {n} predicted_ledgers rows stored")
         gone = sum(v["not_in_trace"] for v in res.values())
-        click.echo(f"  {'ledger':14s} {'measured_ms':>12s} {'predicted_ms':>13s} {'residual_ms':>12s} {'resid/step':>10s}"
+        w = len(HEADING)
+        click.echo(f"  {'ledger':14s} {'measured_ms':>12s} {'predicted_ms':>13s} {'residual_ms':>12s} {HEADING:>{w}s}"
                    + (f" {'not_in_trace_ms':>16s}" if pred.excluded else ""))
         for led in LEDGERS:
             v = res[led]
             click.echo(f"  {led:14s} {v['measured'] / 1e6:12.3f} {v['predicted'] / 1e6:13.3f} "
-                       f"{v['residual'] / 1e6:12.3f} {v['residual'] / (step_m or 1) * 100:9.1f}%"
+                       f"{v['residual'] / 1e6:12.3f} {residual_text(v['residual'], step_m):>{w}s}"
                        + (f" {v['not_in_trace'] / 1e6:16.3f}" if pred.excluded else ""))
         click.echo(f"  {'step':14s} {step_m / 1e6:12.3f} {step_p / 1e6:13.3f} {(step_m - step_p) / 1e6:12.3f} "
-                   f"{(step_m - step_p) / (step_m or 1) * 100:9.1f}%" + (f" {gone / 1e6:16.3f}" if pred.excluded else ""))
+                   f"{residual_text(step_m - step_p, step_m):>{w}s}" + (f" {gone / 1e6:16.3f}" if pred.excluded else ""))
         if pred.excluded:
             click.echo(f"  (the step compared leaves out {gone / 1e6:.3f} ms the trace cannot contain; "
                        f"whole predicted step {(step_p + gone) / 1e6:.3f} ms)")
