@@ -7,7 +7,7 @@ thing about a job it cannot show:
     not_in_store(con, job, where) -> message | None
     lacks(con, job) -> what the job lacks to be attributed | None
     attributed(con, job) -> bool
-    not_attributed(con, job, db) -> the message for a job without ledgers: why, or what to run
+    not_attributed(con, job, db=None) -> the message for a job without ledgers: why, or what to run
 """
 from __future__ import annotations
 
@@ -63,10 +63,12 @@ def attributed(con, job: str) -> bool:
     return bool(_count(con, "ledger_totals", "job = ?", [job]))
 
 
-def not_attributed(con, job: str, db: str) -> str:
-    """The one-line message for a JOB with no ledgers in DB: what it lacks when it cannot have any, else the
-    command that computes them."""
+def not_attributed(con, job: str, db: str | None = None) -> str:
+    """The one-line message for a JOB with no ledgers in DB (the store's path; None where the reader does not
+    know it, as in the app): what it lacks when it cannot have any, else the command that computes them."""
     why = lacks(con, job)
     if why:
         return f"job {job!r} has no attributable steps: {why}"
-    return f"job {job!r} is not attributed yet: run `ninefold attribute --db {db} --job {job}` first"
+    where = f"--db {db} " if db else ""
+    return (f"job {job!r} is not attributed yet: run `ninefold attribute {where}--job {job}` first"
+            + ("" if db else " (or upload it again)"))

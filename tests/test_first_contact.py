@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from dashboards.style import esc
 from service.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,3 +205,18 @@ def test_report_honours_wait(store, tmp_path):
     assert lines[-1].startswith(f"error: {db}: locked by ") and lines[-1].endswith(
         "gave up after 1 s (--wait SECONDS to wait longer)")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_app_views_say_why_a_job_has_no_ledgers(store):
+    """The app's Overview and What if tabs say what the job lacks, or what to run, as the command line does."""
+    from dashboards.data_store import read_connection
+    from dashboards.views import overview, whatif
+
+    d, db = store
+    with read_connection(db) as con:
+        for job, want in (("nogpu", f"job 'nogpu' has no attributable steps: {LACKS_GPU}"),
+                          ("pending", "job 'pending' is not attributed yet: run `ninefold attribute --job pending` "
+                                      "first (or upload it again)")):
+            for view in (overview, whatif):
+                html = view.render(view.load(con, job))[0].text
+                assert esc(want) in html, (view.__name__, job, html)

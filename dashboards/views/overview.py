@@ -16,7 +16,10 @@ PLOT_NAME = "overview_ledgers"
 
 
 def load(con, job: str) -> dict:
-    return {"job": job, "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
+    from analysis.readiness import attributed, not_attributed
+
+    return {"job": job, "not_attributed": None if attributed(con, job) else not_attributed(con, job),
+            "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
             "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job),
             "breakdown": queries.ledger_breakdown(con, job), "overlap": queries.comm_overlap(con, job),
             "terms": queries.predicted_terms(con, job)}
@@ -115,7 +118,8 @@ def terms_html(cmp, terms: dict) -> str:
 def render(data):
     ranks = data["ranks"]
     if ranks.height == 0:
-        return [div(f"<h2 class='nf'>Overview: {data['job']}</h2>" + note(queries.NOT_ATTRIBUTED, "warn"))]
+        why = data.get("not_attributed") or queries.NOT_ATTRIBUTED
+        return [div(f"<h2 class='nf'>Overview: {esc(data['job'])}</h2>" + note(why, "warn"))]
     slow = ranks.row(0, named=True)
     head = (f"<h2 class='nf'>Overview: {data['job']}</h2>"
             + note(f"{ranks.height} ranks; slowest rank {slow['rank']} at {fmt_ns(slow['step_ns'])} per step over "
