@@ -182,7 +182,8 @@ def summary(db):
 def attribute(db, job, recompute_pattern, io_pattern, quiet):
     """Compute ledger_intervals and ledger_totals for the stored traces. On a terminal a progress bar counts each
     job's ranks; otherwise one line per job. A job that cannot be attributed (no GPU op, only zero-length
-    steps, no profiler trace) says what it lacks; the exit status is then 1."""
+    steps; or, named by --job, no profiler trace) says what it lacks; the exit status is then 1. Without --job,
+    a job of logs or dumps only is skipped, saying so."""
     from analysis.attribution import attribute_job, check_pattern
     from analysis.readiness import lacks
     from service.cli_store import check_job, open_store
@@ -206,6 +207,10 @@ def attribute(db, job, recompute_pattern, io_pattern, quiet):
     empty = 0
     tty = not quiet and sys.stderr.isatty()
     for j in jobs:
+        if not job and not con.execute("SELECT count(*) FROM traces WHERE job = ?", [j]).fetchone()[0]:
+            if not quiet:   # logs or dumps only: nothing of it is attributed, and nothing is wrong
+                click.echo(f"{j}: skipped: {lacks(con, j)}", err=True)
+            continue
         t0 = time.perf_counter()
         bar = None
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from dashboards.style import esc
 from service.cli import cli
+from conftest import SHARED_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 LACKS_GPU = ("its traces hold no GPU ops (no kernel, memcpy or memset): profile with "
@@ -220,3 +221,24 @@ def test_app_views_say_why_a_job_has_no_ledgers(store):
             for view in (overview, whatif):
                 html = view.render(view.load(con, job))[0].text
                 assert esc(want) in html, (view.__name__, job, html)
+
+
+@needs_shared
+def test_attribute_on_real_traces_without_gpu_work(tmp_path):
+    """HTA's CPU-only rank (no GPU op) fails naming what it lacks; an NCCL log is skipped by a plain `attribute`
+    and refused by `attribute --job`; the DeepSeek-V3 training rank beside them is attributed."""
+    db = tmp_path / "r.duckdb"
+    for path, job, extra in (("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", "cpu_only", []),
+                             ("nccl_logs/nccl_issue1193_ray_allreduce_128ranks_COLL.log", "ncclonly", []),
+                             ("deepseek/train.json", "deepseek", ["--rank", "0"])):
+        assert run("ingest", SHARED_TRACES / path, "--db", db, "--job", job, "--quiet", *extra).exit_code == 0
+    r = run("attribute", "--db", db)
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [f"error: cpu_only: nothing to attribute: {LACKS_GPU}",
+                                     "ncclonly: skipped: it has no profiler trace (only logs or dumps): ingest its "
+                                     "Kineto JSON or Nsight Systems SQLite files"]
+    assert r.stdout.startswith("deepseek: ")
+    r = run("attribute", "--db", db, "--job", "ncclonly")
+    assert r.exit_code == 1 and "error: ncclonly: nothing to attribute: it has no profiler trace" in r.stderr
+    r = run("waits", "--db", db, "--job", "deepseek")
+    assert r.exit_code == 0 and r.output.strip() == "one rank: no cross-rank waits"
