@@ -24,9 +24,9 @@ def _count(con, table: str, where: str, params) -> int:
 
 
 def job_names(con) -> list[str]:
-    """Every job in the store, sorted: those ingested (jobs, traces) and those with ledgers (a store holding
-    only results)."""
-    have = [t for t in ("jobs", "traces", "ledger_totals") if _has(con, t)]
+    """Every job in the store, sorted: those ingested (jobs, traces), those whose every upload failed (uploads:
+    the app lists them) and those with ledgers (a store holding only results)."""
+    have = [t for t in ("jobs", "traces", "uploads", "ledger_totals") if _has(con, t)]
     if not have:
         return []
     union = " UNION ".join(f"SELECT DISTINCT job FROM {t}" for t in have)

@@ -288,6 +288,10 @@ def breakdown(db, job, top, fmt):
 
     con = open_job(db, job)
     df = ledger_breakdown(con, job, top=top)
+    if df.height == 0:  # ledgers without the drill-down tables: a store attributed by an older ninefold
+        click.echo(f"error: job {job!r} in {db} has ledgers but no drill-down keys: run `ninefold attribute --db "
+                   f"{db} --job {job}` again", err=True)
+        sys.exit(2)
     rows = [(r["ledger"], r["key"], round(r["ns"]), r["share"]) for r in df.iter_rows(named=True)]
     if fmt == "csv":
         import csv
