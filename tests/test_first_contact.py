@@ -242,3 +242,21 @@ def test_attribute_on_real_traces_without_gpu_work(tmp_path):
     assert r.exit_code == 1 and "error: ncclonly: nothing to attribute: it has no profiler trace" in r.stderr
     r = run("waits", "--db", db, "--job", "deepseek")
     assert r.exit_code == 0 and r.output.strip() == "one rank: no cross-rank waits"
+
+
+def test_breakdown_of_ledgers_without_drill_down_keys(store, tmp_path):
+    """A store whose ledgers carry no drill-down tables (written by an older ninefold) is told to attribute
+    again, not shown an empty table."""
+    import duckdb
+
+    d, db = store
+    old = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(old))
+    con.execute(f"ATTACH '{db}' AS src (READ_ONLY)")
+    for t in ("jobs", "traces", "ledger_totals"):
+        con.execute(f"CREATE TABLE {t} AS SELECT * FROM src.{t} WHERE job = 'copies'")
+    con.close()
+    r = run("breakdown", "--db", old, "--job", "copies")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (f"error: job 'copies' in {old} has ledgers but no drill-down keys: run `ninefold "
+                                f"attribute --db {old} --job copies` again")
