@@ -260,3 +260,14 @@ def test_breakdown_of_ledgers_without_drill_down_keys(store, tmp_path):
     assert r.exit_code == 2
     assert r.stderr.strip() == (f"error: job 'copies' in {old} has ledgers but no drill-down keys: run `ninefold "
                                 f"attribute --db {old} --job copies` again")
+
+
+@pytest.mark.parametrize("cmd", (["summary"], ["inspect"], ["hang", "--job", "j"], ["nccl"],
+                                 ["predict", str(ROOT / "sample_traces" / "configs" / "dp4.toml"), "--job", "j"],
+                                 ["compare", "--job", "j", "--config",
+                                  str(ROOT / "sample_traces" / "configs" / "dp4.toml")]), ids=lambda c: c[0])
+def test_a_missing_store_is_one_line_everywhere(cmd, tmp_path):
+    missing = tmp_path / "missing.duckdb"
+    r = run(*cmd, "--db", missing)
+    assert r.exit_code == 2 and not missing.exists()
+    assert r.stderr.strip() == f"error: no store at {missing}: create it with `ninefold ingest TRACES --db {missing}`"
