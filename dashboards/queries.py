@@ -199,9 +199,12 @@ def prediction_config(con, job: str) -> str | None:
 
 
 def ledger_compare(con, job: str, config_sha: str | None = None) -> pl.DataFrame:
-    """Per ledger: measured and predicted ns per rank-step, residual (measured − predicted) and its share.
+    """Per ledger: measured and predicted ns per rank-step, residual (measured − predicted) and residual_pct, its
+    share of the measured step in % (analysis.cost_model.residual, as `ninefold compare` prints it).
 
     predicted_ns is null when no prediction is stored (view then says NO_PREDICTION)."""
+    from analysis.cost_model.residual import residual_share
+
     schema = {"ledger": pl.Utf8, "measured_ns": pl.Float64, "predicted_ns": pl.Float64,
               "residual_ns": pl.Float64, "residual_pct": pl.Float64}
     if not has_table(con, "ledger_totals"):
@@ -219,10 +222,13 @@ def ledger_compare(con, job: str, config_sha: str | None = None) -> pl.DataFrame
             FROM ledger_totals WHERE job = ? GROUP BY ledger) {pred}
         SELECT m.ledger, m.ns AS measured_ns, {'p.ns' if cfg else 'NULL::DOUBLE'} AS predicted_ns,
                m.ns - {'p.ns' if cfg else 'NULL::DOUBLE'} AS residual_ns,
-               {'CASE WHEN p.ns > 0 THEN (m.ns - p.ns) / p.ns * 100 END' if cfg else 'NULL::DOUBLE'} AS residual_pct
         FROM m {'LEFT JOIN p ON p.ledger = m.ledger' if cfg else ''}
         ORDER BY {_LEDGER_ORDER.replace('ledger', 'm.ledger', 1)}""", params)
-    return df if df.height else _empty(schema)
+    if not df.height:
+        return _empty(schema)
+    step = df["measured_ns"].sum()
+    pct = [None if s is None else 100 * s for s in (residual_share(r, step) for r in df["residual_ns"].to_list())]
+    return df.with_columns(pl.Series("residual_pct", pct, dtype=pl.Float64))
 
 
 def predicted_terms(con, job: str, config_sha: str | None = None) -> dict[str, list[dict]]:

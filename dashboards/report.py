@@ -1,6 +1,8 @@
-"""Self-contained offline HTML report of one job: every view, BokehJS and CSS inline, no network needed.
+"""Self-contained offline HTML report of one job: every view, BokehJS and CSS inline, no network needed. A job
+without ledgers gets the header saying why (what it lacks, or what to run), its efficiency, memory and
+diagnostics, and none of the views built on ledgers.
 
-    write_report(db_path, job, out_path) -> Path
+    write_report(db_path, job, out_path, con=None) -> Path
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from bokeh.resources import INLINE
 from dashboards import queries
 from dashboards.data_store import read_connection
 from dashboards.style import esc, fmt_ns, fmt_pct, html_table, ledger_legend_html, note
-from dashboards.views import memory, moe, overview, pipeline, stragglers, timeline, whatif
+from dashboards.views import efficiency, memory, moe, overview, pipeline, stragglers, timeline, whatif
 from dashboards.views._common import div
 from store.errors import NinefoldError
 
@@ -27,25 +29,30 @@ class UnknownJob(NinefoldError):
     pass
 
 
-def load_all(con, job: str, timeline_rows: int = 20_000) -> dict:
-    """Everything the report shows, through the named queries on one read-only connection."""
+def load_all(con, job: str, timeline_rows: int = 20_000, db=None) -> dict:
+    """Everything the report shows, through the named queries on one read-only connection; "not_attributed" is
+    the line saying why the job has no ledgers (None when it has them; DB, the store's path, goes into the
+    command it names), and the ledger views are then not loaded."""
+    from analysis.readiness import attributed, not_attributed, not_in_store
+
     known = queries.jobs(con)
-    if job not in known["job"].to_list():
-        names = ", ".join(known["job"].to_list()) or "none"
-        raise UnknownJob(f"job {job!r} is not in the store (jobs: {names})")
-    return {
+    missing = not_in_store(con, job)
+    if missing:
+        raise UnknownJob(missing)
+    data = {
         "job": job,
         "summary": queries.job_summary(con, job),
         "status": known.filter(known["job"] == job).row(0, named=True),
-        "overview": overview.load(con, job),
-        "timeline": timeline.load(con, job, max_rows=timeline_rows),
-        "stragglers": stragglers.load(con, job),
-        "moe": moe.load(con, job),
-        "pipeline": pipeline.load(con, job),
+        "not_attributed": None if attributed(con, job) else not_attributed(con, job, str(db or "STORE")),
+        "efficiency": efficiency.load(con, job),
         "memory": memory.load(con, job),
-        "whatif": whatif.load(con, job),
         "diagnostics": queries.diagnostics(con, job),
     }
+    if data["not_attributed"] is None:
+        data.update(overview=overview.load(con, job), timeline=timeline.load(con, job, max_rows=timeline_rows),
+                    stragglers=stragglers.load(con, job), moe=moe.load(con, job), pipeline=pipeline.load(con, job),
+                    whatif=whatif.load(con, job))
+    return data
 
 
 def _header(data) -> str:
@@ -58,7 +65,9 @@ def _header(data) -> str:
                                              if st["worst_ledger"] else "–")],
              ["trace events", s["events"]]]
     made = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"<h1 class='nf'>ninefold report: {esc(data['job'])}</h1>"
+    why = data.get("not_attributed")
+    title = esc(data["job"]) + (" (not attributed)" if why else "")
+    return (f"<h1 class='nf'>ninefold report: {title}</h1>" + (note(why, "warn") if why else "")
             + html_table(["", ""], facts) + note(f"generated {made}") + ledger_legend_html())
 
 
@@ -72,23 +81,30 @@ def _diagnostics(data) -> str:
 
 
 def render(data):
-    """The report's Bokeh layout (one column of every section)."""
+    """The report's Bokeh layout (one column of every section; the ledger views only for an attributed job)."""
     models = [div(_header(data))]
-    models += overview.render(data["overview"])
-    models += timeline.render(data["timeline"])
-    models += whatif.render(data["whatif"])
-    models += stragglers.render(data["stragglers"])
-    models += moe.render(data["moe"])
-    models += pipeline.render(data["pipeline"])
+    if data.get("not_attributed") is None:
+        models += overview.render(data["overview"])
+        models += timeline.render(data["timeline"])
+        models += whatif.render(data["whatif"])
+        models += stragglers.render(data["stragglers"])
+        models += moe.render(data["moe"])
+        models += pipeline.render(data["pipeline"])
+    models += efficiency.render(data["efficiency"])
     models += memory.render(data["memory"])
     models.append(div(_diagnostics(data)))
     return column(*models, sizing_mode="stretch_width", name=REPORT_ROOT)
 
 
-def write_report(db_path, job: str, out_path) -> Path:
-    """Write ONE self-contained HTML file for JOB (atomically: a temp file renamed into place)."""
-    with read_connection(db_path) as con:
-        data = load_all(con, job)
+def write_report(db_path, job: str, out_path, con=None) -> Path:
+    """Write ONE self-contained HTML file for JOB (atomically: a temp file renamed into place), read through CON
+    when given (the caller's open read connection; the CLI's waits for a busy store as --wait says), else
+    through a short read connection of its own."""
+    if con is None:
+        with read_connection(db_path) as con:
+            data = load_all(con, job, db=db_path)
+    else:
+        data = load_all(con, job, db=db_path)
     html = file_html(render(data), resources=INLINE, title=f"ninefold report: {job}")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

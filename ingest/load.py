@@ -129,8 +129,11 @@ def discover(paths: list[str | Path], skipped: list | None = None) -> list[tuple
                 skipped.extend((f, p.resolve().name, why) for f, why in side.items() if why)
             files = [f for f in files if not side[f]]
             if not files:
+                from ingest.nsys_read import REPORT_SUFFIXES
+                readable = [x for x in suffixes if x not in REPORT_SUFFIXES]   # claimed only to say: export it
                 raise TraceFormatError(p, None, "directory holds no trace files ("
-                                       + ", ".join("*" + x for x in suffixes) + ")")
+                                       + ", ".join("*" + x for x in readable) + "; an Nsight Systems .nsys-rep "
+                                       "is read once exported: nsys export --type sqlite REPORT.nsys-rep)")
             out.extend((f, p.resolve().name) for f in files)
         elif p.exists():
             out.append((p, p.resolve().parent.name))

@@ -79,6 +79,7 @@ def ingest(paths, db, job, rank, replace, salvage, quiet, jobs):
     from store.connection import connect
 
     t0 = time.perf_counter()
+    new = not Path(db).exists()
     con = connect(db)
     bar = None
     if not quiet and sys.stderr.isatty():
@@ -114,6 +115,9 @@ def ingest(paths, db, job, rank, replace, salvage, quiet, jobs):
         results = ingest_paths(con, list(paths), job=job, rank=rank, replace=replace, salvage=salvage,
                                on_result=show, jobs=jobs)
     except NinefoldError as e:
+        con.close()
+        if new:
+            _remove_store(db)
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     finally:
@@ -128,16 +132,28 @@ def ingest(paths, db, job, rank, replace, salvage, quiet, jobs):
     click.echo(f"{len({r.path for r in results})} files{parts}: {stored} stored, {same} unchanged, {failed} failed{skip_note} "
                f"in {time.perf_counter() - t0:.2f}s")
     con.close()
+    if new and not stored:
+        _remove_store(db)   # nothing landed: leave no empty store behind
     sys.exit(1 if failed else 0)
+
+
+def _remove_store(db) -> None:
+    """Remove the store file DB (and DuckDB's files beside it) that this command created."""
+    for p in (Path(db), Path(f"{db}.wal")):
+        p.unlink(missing_ok=True)
+    try:
+        Path(f"{db}.tmp").rmdir()
+    except OSError:
+        pass
 
 
 @cli.command()
 @click.option("--db", required=True)
 def summary(db):
     """Per job and rank: what was stored."""
-    from store.connection import connect
+    from service.cli_store import open_store
 
-    con = connect(db, read_only=True)
+    con = open_store(db)
     rows = con.execute("""
         SELECT t.job, t.rank, t.device_name, t.time_mode,
                (SELECT count(*) FROM gpu_ops g WHERE g.job = t.job AND g.rank = t.rank AND kind = 'kernel'),
@@ -165,19 +181,36 @@ def summary(db):
 @click.option("--quiet", is_flag=True, help="print nothing but errors (no line per job, no bar)")
 def attribute(db, job, recompute_pattern, io_pattern, quiet):
     """Compute ledger_intervals and ledger_totals for the stored traces. On a terminal a progress bar counts each
-    job's ranks; otherwise one line per job."""
+    job's ranks; otherwise one line per job. A job that cannot be attributed (no GPU op, only zero-length
+    steps; or, named by --job, no profiler trace) says what it lacks; the exit status is then 1. Without --job,
+    a job of logs or dumps only is skipped, saying so."""
     from analysis.attribution import attribute_job, check_pattern
-    from store.connection import connect
+    from analysis.readiness import lacks
+    from service.cli_store import check_job, open_store
 
     try:
         check_pattern("--recompute-pattern", recompute_pattern)
         check_pattern("--io-pattern", io_pattern)
     except ValueError as e:
         raise click.UsageError(str(e))
-    con = connect(db)
+    con = open_store(db, read_only=False)
+    if job:
+        try:
+            check_job(con, db, job)
+        except NinefoldError:
+            con.close()
+            raise
     jobs = [job] if job else [r[0] for r in con.execute("SELECT job FROM jobs ORDER BY job").fetchall()]
+    if not jobs:
+        con.close()
+        raise NinefoldError(f"the store {db} holds no job: ingest traces first (`ninefold ingest TRACES --db {db}`)")
+    empty = 0
     tty = not quiet and sys.stderr.isatty()
     for j in jobs:
+        if not job and not con.execute("SELECT count(*) FROM traces WHERE job = ?", [j]).fetchone()[0]:
+            if not quiet:   # logs or dumps only: nothing of it is attributed, and nothing is wrong
+                click.echo(f"{j}: skipped: {lacks(con, j)}", err=True)
+            continue
         t0 = time.perf_counter()
         bar = None
 
@@ -195,8 +228,14 @@ def attribute(db, job, recompute_pattern, io_pattern, quiet):
         finally:
             if bar is not None:
                 bar.__exit__(None, None, None)
-        if not quiet:
+        if not r["totals"]:
+            empty += 1
+            why = lacks(con, j) or "no GPU op falls inside any of its steps"
+            click.echo(f"error: {j}: nothing to attribute: {why}", err=True)
+        elif not quiet:
             click.echo(f"{j}: {r['intervals']} intervals, {r['totals']} totals in {time.perf_counter() - t0:.2f}s")
+    con.close()
+    sys.exit(1 if empty else 0)
 
 
 @cli.command()
@@ -208,14 +247,11 @@ def ledgers(db, job, fmt):
     import json as _json
 
     from analysis.ledgers import LEDGERS
-    from store.connection import connect
+    from service.cli_store import open_job
 
-    con = connect(db, read_only=True)
+    con = open_job(db, job)
     rows = con.execute("SELECT rank, step, ledger, ns FROM ledger_totals WHERE job = ? ORDER BY rank, step",
                        [job]).fetchall()
-    if not rows:
-        click.echo(f"error: no ledgers for job {job!r} in {db}; run `ninefold attribute` first", err=True)
-        sys.exit(2)
     order = {n: i for i, n in enumerate(LEDGERS)}
     rows.sort(key=lambda r: (r[0], r[1], order[r[2]]))
     if fmt == "csv":
@@ -248,12 +284,13 @@ def breakdown(db, job, top, fmt):
     import json as _json
 
     from dashboards.queries import ledger_breakdown
-    from store.connection import connect
+    from service.cli_store import open_job
 
-    con = connect(db, read_only=True)
+    con = open_job(db, job)
     df = ledger_breakdown(con, job, top=top)
-    if df.height == 0:
-        click.echo(f"error: no ledgers for job {job!r} in {db}; run `ninefold attribute` first", err=True)
+    if df.height == 0:  # ledgers without the drill-down tables: a store attributed by an older ninefold
+        click.echo(f"error: job {job!r} in {db} has ledgers but no drill-down keys: run `ninefold attribute --db "
+                   f"{db} --job {job}` again", err=True)
         sys.exit(2)
     rows = [(r["ledger"], r["key"], round(r["ns"]), r["share"]) for r in df.iter_rows(named=True)]
     if fmt == "csv":
@@ -279,9 +316,12 @@ def waits(db, job, fmt):
     import json as _json
 
     from analysis.waits import waits as _waits
-    from store.connection import connect
+    from service.cli_store import open_job
 
-    con = connect(db, read_only=True)
+    con = open_job(db, job)
+    if con.execute("SELECT count(*) FROM traces WHERE job = ?", [job]).fetchone()[0] < 2:
+        click.echo("one rank: no cross-rank waits")
+        return
     try:
         w = _waits(con, job)
     except Exception as e:  # a store attributed by an older version has no collective_matches
@@ -289,8 +329,9 @@ def waits(db, job, fmt):
             raise
         w = None
     if not w or not w["rows"]:
-        click.echo(f"error: no matched collectives for job {job!r} in {db}; run `ninefold attribute` first "
-                   "(a job with no collective matched across ranks has no waits)", err=True)
+        click.echo(f"error: no matched collectives for job {job!r} in {db}: no collective was matched across "
+                   "its ranks, so it has no waits (a store attributed by an older ninefold: run `ninefold "
+                   "attribute` again)", err=True)
         sys.exit(2)
     cols = ["rank", "pg", "coll", "seq", "ord", "members", "arrival_ns", "last_arrival_ns", "wait_ns",
             "straggler_ns", "bubble_ns", "hidden_ns", "transfer_ns", "tracelens_wait_ns"]

@@ -22,13 +22,13 @@ def register(cli) -> None:
         """JOB_B against JOB_A per ledger, kernel class, collective and kernel: time per step (all ranks), the
         change, its bootstrap interval over the steps, and whether it is beyond the noise."""
         from analysis.diff import DiffError, diff_jobs, order_rows
-        from store.connection import connect
+        from service.cli_store import open_job
 
         if not 0.5 <= confidence < 1:
             click.echo("error: --confidence must be in [0.5, 1)", err=True)
             sys.exit(2)
+        con = open_job(db, [job_a, job_b])
         try:
-            con = connect(db, read_only=True)
             rows = order_rows(diff_jobs(con, job_a, job_b, confidence=confidence))
         except (DiffError, NinefoldError) as e:
             click.echo(f"error: {e}", err=True)

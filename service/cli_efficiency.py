@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
@@ -24,16 +23,13 @@ def register(cli) -> None:
         rate against the preset's peak, and the time lost to the gap (actual - ideal at peak), largest first.
         Kernels whose work the trace does not give say why."""
         from analysis.efficiency import EfficiencyError, device_line, human, kernel_efficiency, RATE_SCALE
-        from store.connection import connect
+        from service.cli_store import open_job
 
         if top < 0:
             click.echo("error: --top must be >= 0", err=True)
             sys.exit(2)
-        if not Path(db).exists():
-            click.echo(f"error: no store at {db}", err=True)
-            sys.exit(2)
+        con = open_job(db, job, ledgers=False, read_only=False)
         try:
-            con = connect(db)
             try:
                 rows, devs = kernel_efficiency(con, job, device)
             finally:

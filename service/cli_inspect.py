@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -20,20 +21,17 @@ def register(cli) -> None:
 def inspect(paths, db, job, fmt):
     """Per trace file: what it contains and, per ninefold capability, whether this trace supports it (available,
     degraded, unavailable) with the profiler setting that would fix it. Files are read into a private in-memory
-    store; nothing is written."""
+    store; nothing is written. Exit status: 2 when a path does not exist (a usage mistake, as for ingest), 1 when
+    no file could be read, else 0."""
     from analysis.inspect import format_text, inspect_store
 
     if bool(paths) == bool(db):
         raise click.UsageError("give trace files/directories, or --db (and optionally --job), not both")
     problems = []
     if db:
-        from store.connection import connect
+        from service.cli_store import open_job, open_store
 
-        try:
-            con = connect(db, read_only=True)
-        except Exception as e:
-            click.echo(f"error: cannot open {db}: {str(e).splitlines()[0]}", err=True)
-            sys.exit(2)
+        con = open_job(db, job, ledgers=False) if job else open_store(db)
         entries = inspect_store(con, job)
     else:
         import duckdb
@@ -47,6 +45,7 @@ def inspect(paths, db, job, fmt):
 
         from store.errors import NinefoldError
 
+        missing = [p for p in paths if not Path(p).exists()]
         for path in paths:
             try:
                 results = ingest_paths(con, [path])
@@ -71,4 +70,4 @@ def inspect(paths, db, job, fmt):
             click.echo(format_text(entries))
         for p in problems:
             click.echo(f"cannot read: {p}")
-    sys.exit(1 if problems and not entries else 0)
+    sys.exit(2 if not db and missing else 1 if problems and not entries else 0)

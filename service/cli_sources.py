@@ -13,13 +13,9 @@ def register(cli) -> None:
 
 
 def _open(db):
-    from store.connection import connect
+    from service.cli_store import open_store
 
-    try:
-        return connect(db, read_only=True)
-    except Exception as e:  # duckdb.IOException and friends: one line
-        click.echo(f"error: cannot open {db}: {str(e).splitlines()[0]}", err=True)
-        sys.exit(2)
+    return open_store(db)   # a missing store or a file that is not one: one line, as every read command says it
 
 
 @click.command()

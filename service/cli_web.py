@@ -15,11 +15,14 @@ DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB
 @click.option("--job", required=True, help="job to report on")
 @click.option("--out", "out", required=True, help="HTML file to write (self-contained, works offline)")
 def report(db, job, out):
-    """Write one self-contained HTML report of JOB."""
+    """Write one self-contained HTML report of JOB (one not attributed yet says so, and what to run). A store
+    another process holds is waited for up to --wait seconds, saying so."""
     from dashboards.report import write_report
+    from service.cli_store import open_job
 
+    con = open_job(db, job, ledgers=False)
     try:
-        p = write_report(db, job, out)
+        p = write_report(db, job, out, con=con)
     except NinefoldError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

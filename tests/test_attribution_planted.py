@@ -273,7 +273,7 @@ def test_breakdown_cli(job, tmp_path):
     con, gt = job
     path = str(tmp_path / "copy.duckdb")
     con.execute(f"ATTACH '{path}' AS cp")
-    for t in ("ledger_intervals", "kernel_classes", "pg_axes", "collectives", "step_windows"):
+    for t in ("jobs", "ledger_totals", "ledger_intervals", "kernel_classes", "pg_axes", "collectives", "step_windows"):
         con.execute(f"CREATE TABLE cp.{t} AS SELECT * FROM {t}")
     con.execute("DETACH cp")
     r = subprocess.run([sys.executable, "-m", "service.cli", "breakdown", "--db", path, "--job", "dp", "--top", "100",
@@ -288,4 +288,4 @@ def test_breakdown_cli(job, tmp_path):
     assert abs(strag[0]["ns_per_rank_step"] - want / n) <= 1
     r = subprocess.run([sys.executable, "-m", "service.cli", "breakdown", "--db", path, "--job", "nope"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "no ledgers for job 'nope'" in r.stderr
+    assert r.returncode == 2 and f"error: job 'nope' is not in the store {path} (jobs: " in r.stderr

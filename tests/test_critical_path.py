@@ -191,7 +191,7 @@ def test_cli(store, tmp_path):
     r = run("whatif", "--db", str(db), "--job", "planted", "--scale", "gemm")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "KERNEL_CLASS=FACTOR" in r.stderr
     r = run("critical-path", "--db", str(db), "--job", "nope")
-    assert r.returncode == 2 and "run `ninefold attribute` first" in r.stderr
+    assert r.returncode == 2 and "error: job 'nope' is not in the store" in r.stderr
     r = run("critical-path", "--db", str(db), "--job", "planted", "--step", "11")
     assert r.returncode == 0, r.stderr
     assert "step 11: critical path" in r.stdout and "rank 3 100.0%" in r.stdout

@@ -96,7 +96,7 @@ def test_diff_cli_json_and_errors(store, tmp_path):
     t = subprocess.run(cli + ["base", "slow_gemm"], cwd=ROOT, capture_output=True, text=True)
     assert t.returncode == 0 and "kclass  gemm" in t.stdout and "*" in t.stdout
     bad = subprocess.run(cli + ["base", "nope"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: no job 'nope' in the store"
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: job 'nope' is not in the store ")
     fresh = tmp_path / "f.duckdb"
     c = connect(fresh)
     generate_a2a(tmp_path / "j", ranks=2, steps=1, seed=0)

@@ -212,13 +212,14 @@ def test_table_device_override_and_errors(gen_store, tmp_path):
     con.close()
     assert rows and all(x["efficiency"] is None and x["lost_ns"] is None for x in rows)
     assert any(x["achieved"] for x in rows)       # the work is known; only the peak is not
-    for args, msg in ((("--job", "nope"), "error: no job 'nope' in the store"),
+    for args, msg in ((("--job", "nope"), f"error: job 'nope' is not in the store {db} (jobs: gen, unknown_gpu)"),
                       (("--job", "gen", "--device", "V100"),
                        "error: unknown hardware preset 'V100' (known: A100, H100, H200, B200, MI300X)")):
         e = _cli("--db", db, *args)
         assert e.returncode == 2 and e.stderr.strip() == msg and not e.stdout
     e = _cli("--db", tmp_path / "none.duckdb", "--job", "gen")
-    assert e.returncode == 2 and e.stderr.strip() == f"error: no store at {tmp_path / 'none.duckdb'}"
+    assert e.returncode == 2 and e.stderr.strip() == (f"error: no store at {tmp_path / 'none.duckdb'}: create it "
+                                                      f"with `ninefold ingest TRACES --db {tmp_path / 'none.duckdb'}`")
     assert not (tmp_path / "none.duckdb").exists()
     with pytest.raises(EfficiencyError):
         c = connect(tmp_path / "x.duckdb")

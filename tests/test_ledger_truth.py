@@ -165,7 +165,7 @@ def test_waits_explain_the_straggler_ledger_and_match_tracelens_where_ends_coinc
     lines = res.output.splitlines()
     assert lines[0].startswith("rank,pg,coll,seq,ord,members,arrival_ns") and len(lines) == 1 + 64
     res = CliRunner().invoke(cli, ["waits", "--db", str(tmp_path / "t.duckdb"), "--job", "nope"])
-    assert res.exit_code == 2 and "no matched collectives" in res.output
+    assert res.exit_code == 2 and "error: job 'nope' is not in the store" in res.output
 
 
 @needs_shared

@@ -1,6 +1,7 @@
 """The static report: one self-contained HTML file per job, and the `ninefold report` command."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -8,7 +9,11 @@ from click.testing import CliRunner
 from sample_traces.demo_store import build_demo_store
 from dashboards.report import write_report
 from dashboards.queries import NO_PREDICTION, NOT_ATTRIBUTED
+from analysis.ledgers import LEDGERS
+from dashboards.style import esc
 from service.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +71,73 @@ def test_report_of_an_ingested_but_unattributed_job(tmp_path):
     con.close()
     out = write_report(db, "raw", tmp_path / "raw.html")
     text = json.dumps(_docs(out.read_text())[0])
-    assert NOT_ATTRIBUTED in text
+    # the header says the job is not attributed and what to run; no view built on ledgers pretends otherwise
+    assert "ninefold report: raw (not attributed)" in text
+    assert f"is not attributed yet: run `ninefold attribute --db {db} --job raw` first" in text
+    assert "step None" not in text and "Timeline:" not in text and "Efficiency: raw" in text
+
+
+def test_report_has_the_apps_efficiency_section(demo, tmp_path):
+    from dashboards.data_store import read_connection
+    from dashboards.views import efficiency
+
+    out = write_report(demo[0], "dp4", tmp_path / "eff.html")
+    text = json.dumps(_docs(out.read_text())[0])
+    assert "Efficiency: dp4" in text and efficiency.PLOT_NAME in text
+    with read_connection(demo[0]) as con:   # the same analysis the app's Efficiency view shows
+        data = efficiency.load(con, "dp4")
+    top = data["kernels"][0]["kernel"]
+    assert json.dumps(esc(top[:60]))[1:-1] in text
+
+
+def test_residual_is_one_share_of_the_measured_step_everywhere(demo, tmp_path):
+    """The report's residual column and `ninefold compare` print the same number under the same heading."""
+    import shutil
+
+    from analysis.cost_model.residual import HEADING
+    from dashboards.data_store import read_connection
+    from dashboards.queries import ledger_compare
+
+    db = tmp_path / "copy.duckdb"
+    shutil.copy(demo[0], db)
+    r = CliRunner().invoke(cli, ["compare", "--db", str(db), "--job", "dp4", "--config",
+                                 str(ROOT / "sample_traces" / "configs" / "dp4.toml")])
+    assert r.exit_code == 0, r.output
+    assert HEADING in r.output
+    printed = {ln.split()[0]: ln.split()[4] for ln in r.output.splitlines()
+               if ln.startswith("  ") and ln.split()[0] in LEDGERS + ("step",) and len(ln.split()) >= 6}
+    out = write_report(db, "dp4", tmp_path / "res.html")
+    text = json.dumps(_docs(out.read_text())[0])
+    assert esc(HEADING) in text and "residual %" not in text
+    with read_connection(db) as con:
+        cmp = ledger_compare(con, "dp4")
+    step = cmp["measured_ns"].sum()
+    for row in cmp.iter_rows(named=True):
+        shown = f"{row['residual_pct']:+.1f}"
+        assert printed[row["ledger"]] == shown, (row["ledger"], printed, shown)
+        # a share of the step: the residual over the sum of the measured ledgers, not over the prediction
+        assert abs(row["residual_pct"] - 100 * row["residual_ns"] / step) < 1e-9
+    assert abs(sum(cmp["residual_pct"]) - float(printed["step"])) < 0.05 + 0.05 * len(LEDGERS)
+
+
+def test_straggler_heatmap_ticks_are_whole_collectives(demo):
+    from dashboards.data_store import read_connection
+    from dashboards.views import stragglers
+
+    with read_connection(demo[0]) as con:
+        data = stragglers.load(con, "dp4")
+    p = stragglers.heatmap(data["matrix"])
+    assert p.xaxis[0].ticker.min_interval >= 1   # no tick between two collectives
+
+
+def test_hidden_communication_says_it_is_a_total_over_the_steps(demo, tmp_path):
+    out = write_report(demo[0], "dp4", tmp_path / "ov.html")
+    text = json.dumps(_docs(out.read_text())[0])
+    from dashboards.data_store import read_connection
+
+    with read_connection(demo[0]) as con:
+        n = con.execute("SELECT count(DISTINCT step) FROM step_windows WHERE job = 'dp4'").fetchone()[0]
+    assert f"Communication hidden under compute, totals over {n} steps" in text
 
 
 def test_cli_report(demo, tmp_path):
@@ -79,8 +150,8 @@ def test_cli_report(demo, tmp_path):
 def test_cli_report_errors_are_one_line(demo, tmp_path):
     r = CliRunner().invoke(cli, ["report", "--db", str(demo[0]), "--job", "nope", "--out", str(tmp_path / "x.html")])
     assert r.exit_code == 2
-    assert r.output.strip() == "error: job 'nope' is not in the store (jobs: dp4, moe4)"
+    assert r.output.strip() == f"error: job 'nope' is not in the store {demo[0]} (jobs: dp4, moe4)"
     assert not (tmp_path / "x.html").exists()
     r = CliRunner().invoke(cli, ["report", "--db", str(tmp_path / "missing.duckdb"), "--job", "dp4",
                                  "--out", str(tmp_path / "x.html")])
-    assert r.exit_code == 2 and "missing.duckdb: no such DuckDB store" in r.output
+    assert r.exit_code == 2 and f"error: no store at {tmp_path / 'missing.duckdb'}: create it" in r.output

@@ -166,7 +166,7 @@ def test_static_report_renders_offline(browser, tmp_path):
     assert len(cols) > 20 and _hex(LEDGER_COLORS["compute"]) in cols
     assert attempted == [] and errors == []
     # measured vs predicted: the demo stores dp4's prediction, so every ledger's row has a predicted value
-    table = page.locator("table.nf-table").filter(has_text="residual %").first
+    table = page.locator("table.nf-table").filter(has_text="residual, % of measured step").first
     table.wait_for(timeout=5_000)
     rows = {}
     for tr in table.locator("tbody tr").all():

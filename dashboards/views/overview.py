@@ -6,6 +6,7 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool, NumeralTickFo
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
+from analysis.cost_model.residual import HEADING as RESIDUAL_HEADING
 from analysis.ledgers import LEDGERS
 from dashboards import queries
 from dashboards.style import LEDGER_COLORS, PALETTE, PREDICTED_COLOR, esc, fmt_ns, html_table, note
@@ -15,7 +16,10 @@ PLOT_NAME = "overview_ledgers"
 
 
 def load(con, job: str) -> dict:
-    return {"job": job, "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
+    from analysis.readiness import attributed, not_attributed
+
+    return {"job": job, "not_attributed": None if attributed(con, job) else not_attributed(con, job),
+            "ranks": queries.job_overview(con, job), "compare": queries.ledger_compare(con, job),
             "predicted": queries.predicted_overview(con, job), "config_sha": queries.prediction_config(con, job),
             "breakdown": queries.ledger_breakdown(con, job), "overlap": queries.comm_overlap(con, job),
             "terms": queries.predicted_terms(con, job)}
@@ -76,14 +80,18 @@ def compare_html(data) -> str:
         return note(queries.NOT_ATTRIBUTED, "warn")
     has_pred = cmp["predicted_ns"].null_count() < cmp.height
     rows = [[r["ledger"], fmt_ns(r["measured_ns"]), fmt_ns(r["predicted_ns"]), fmt_ns(r["residual_ns"]),
-             "–" if r["residual_pct"] is None else f"{r['residual_pct']:+.1f} %"]
-            for r in cmp.iter_rows(named=True)]
-    out = html_table(["ledger", "measured / rank-step", "predicted", "residual", "residual %"], rows)
+             _pct(r)] for r in cmp.iter_rows(named=True)]
+    out = html_table(["ledger", "measured / rank-step", "predicted", "residual", RESIDUAL_HEADING], rows)
     if not has_pred:
         out = note(queries.NO_PREDICTION) + out
     else:
         out = note(f"prediction config {data['config_sha']}") + out + terms_html(cmp, data.get("terms") or {})
     return out
+
+
+def _pct(r) -> str:
+    """A ledger_compare row's residual_pct as the report and `ninefold compare` print it."""
+    return "–" if r["residual_pct"] is None else f"{r['residual_pct']:+.1f} %"
 
 
 def terms_html(cmp, terms: dict) -> str:
@@ -97,7 +105,7 @@ def terms_html(cmp, terms: dict) -> str:
         ts = terms.get(r["ledger"])
         if not ts:
             continue
-        res = "–" if r["residual_pct"] is None else f"{r['residual_pct']:+.1f} %"
+        res = f"{_pct(r)} of the measured step"
         rows = [[t["term"], f"{t['value']:.6g}", t["unit"], t["source"]] for t in ts]
         parts.append(f"<details class='nf-terms' data-ledger='{esc(r['ledger'])}'><summary>{esc(r['ledger'])}: "
                      f"measured {esc(fmt_ns(r['measured_ns']))}, predicted {esc(fmt_ns(r['predicted_ns']))}, "
@@ -110,7 +118,8 @@ def terms_html(cmp, terms: dict) -> str:
 def render(data):
     ranks = data["ranks"]
     if ranks.height == 0:
-        return [div(f"<h2 class='nf'>Overview: {data['job']}</h2>" + note(queries.NOT_ATTRIBUTED, "warn"))]
+        why = data.get("not_attributed") or queries.NOT_ATTRIBUTED
+        return [div(f"<h2 class='nf'>Overview: {esc(data['job'])}</h2>" + note(why, "warn"))]
     slow = ranks.row(0, named=True)
     head = (f"<h2 class='nf'>Overview: {data['job']}</h2>"
             + note(f"{ranks.height} ranks; slowest rank {slow['rank']} at {fmt_ns(slow['step_ns'])} per step over "
@@ -128,6 +137,10 @@ def render(data):
     ov = [o for o in (data.get("overlap") or []) if o["comm_ns"]]
     if ov:
         rows = [[o["rank"], fmt_ns(o["comm_ns"]), fmt_ns(o["hidden_ns"]), f"{100 * o['overlap']:.1f} %"] for o in ov]
-        out.append(div("<h3 class='nf'>Communication hidden under compute</h3>"
-                       + html_table(["rank", "comm kernel time", "overlapped by compute", "overlap"], rows)))
+        n = ranks["n_steps"].max()
+        out.append(div(f"<h3 class='nf'>Communication hidden under compute, totals over {n} steps</h3>"
+                       + note("each rank's communication kernel time summed over its steps (the tables above are "
+                              "per rank-step); the overlap share is the same either way")
+                       + html_table(["rank", f"comm kernel time over {n} steps",
+                                     f"overlapped by compute over {n} steps", "overlap"], rows)))
     return out

@@ -37,6 +37,7 @@ def heatmap(mx):
                                     ("waited", "@wait_us{0.0} µs"), ("last to arrive", "@last")]))
     p.add_layout(ColorBar(color_mapper=cmap, ticker=BasicTicker(), label_standoff=6, width=10), "right")
     p.xaxis.axis_label = "collective (aligned-time order)"
+    p.xaxis.ticker = BasicTicker(min_interval=1)  # integer collective indices only
     p.yaxis.axis_label = "rank"
     if n_r <= 64:
         p.yaxis.ticker = sorted(int(r) for r in np.unique(mx["rank"].to_numpy()))

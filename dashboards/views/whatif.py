@@ -52,15 +52,18 @@ def load(con, job: str, step: int | None = None) -> dict:
         removals = rank_removals(con, job)
     except WhatIfError:
         removals = None
+    from analysis.readiness import attributed, not_attributed
+
     return {"job": job, "step": step, "steps": steps, "removals": removals, "path": step_path(con, job, step),
-            "predicted": _predicted(con, job)}
+            "predicted": _predicted(con, job),
+            "not_attributed": None if attributed(con, job) else not_attributed(con, job)}
 
 
 def render(data):
     head = f"<h2 class='nf'>What if: {esc(data['job'])}</h2>"
     rem = data["removals"]
     if not rem:
-        return [div(head + note(queries.NOT_ATTRIBUTED, "warn"))]
+        return [div(head + note(data.get("not_attributed") or queries.NOT_ATTRIBUTED, "warn"))]
     n = max(len(data["steps"]), 1)
     m = rem[0]["measured_ns"]
     txt = note(f"each change replayed on the steps' dependency graphs (all ranks, launches, streams, collectives' "
