@@ -83,6 +83,26 @@ def test_a_fatal_duckdb_error_fails_its_file_in_one_line_and_the_store_is_reopen
     con.close()
 
 
+@needs_shared
+def test_a_fatal_error_in_an_in_memory_store_names_the_files_it_could_not_try(tmp_path, monkeypatch):
+    import duckdb
+
+    from store.schema import create_all
+
+    monkeypatch.setattr("ingest.nsys_read._Src._valid_utf8", lambda self, col: col)
+    bad, good = tmp_path / "a" / "x.sqlite", tmp_path / "b" / "x.sqlite"
+    for p in (bad, good):
+        p.parent.mkdir()
+        _synthetic(p)
+    _bad_text(bad, {3: b"cudaLaunch\xed\xa0\x80Kernel_v7000"})
+    con = duckdb.connect()          # as inspect reads files: nothing to reopen
+    create_all(con)
+    res = ingest_paths(con, [bad, good])
+    assert [(r.job, r.status) for r in res] == [("a", "failed"), ("b", "failed")]
+    assert "fatal" in res[0].message and res[1].message.startswith(f"{good}: not attempted"), res[1].message
+    assert all("\n" not in r.message for r in res)
+
+
 def _deep_files(d):
     """(directory, the file nested too deep, the valid rank file beside it) for each JSON reader."""
     out = {}
