@@ -313,6 +313,11 @@ def default_jobs() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+# DuckDB errors that a file's content or the machine causes: the file fails in one line, the others still load
+FILE_DUCKDB_ERRORS = (duckdb.OutOfMemoryException, duckdb.IOException, duckdb.InvalidInputException, duckdb.DataError,
+                      duckdb.ConstraintException, duckdb.TransactionException)
+
+
 def _fatal_error(path, e) -> str:
     first = " ".join(str(e).split("\n")[0].split())[:200]
     return (f"{path}: DuckDB failed fatally on this file ({first}); nothing of it was stored and the store was "
@@ -371,13 +376,13 @@ def _load_one(con, f, ld, j, rank, replace, salvage, prep):
     except (duckdb.Error, OSError) as e:
         if is_fatal(e):
             raise
-        # the machine, not the file (a full disk, no memory): this file fails in one line (its transaction
-        # rolled back), the others still load
+        # the machine (a full disk, no memory) or content DuckDB refuses: this file fails in one line (its
+        # transaction rolled back), the others still load
         full = disk_full(e, None, "this file's rows or work files")
         if full is not None:
             return LoadResult(str(f), j, rank, "failed", f"{f}: {full}; nothing of it was stored")
-        if isinstance(e, OSError):
-            raise
+        if not isinstance(e, FILE_DUCKDB_ERRORS):
+            raise           # not the file's doing (a query of ours that is wrong): a traceback, to be fixed
         return LoadResult(str(f), j, rank, "failed", _resource_error(con, f, e))
 
 
