@@ -54,6 +54,9 @@ def _open(db, read_only: bool, wait: float | None):
         except duckdb.IOException as e:
             msg = str(e)
             if "lock" not in msg.lower():
+                full = disk_full(e, db, "the store")
+                if full is not None:
+                    raise full from None
                 raise
             if time.monotonic() >= deadline:
                 raise StoreBusy(f"{db}: locked by {_holder(msg)}; gave up after {wait:g} s "
@@ -70,7 +73,14 @@ def connect(db: str | Path, read_only: bool = False, wait: float | None = None) 
     con = _open(db, read_only, wait)
     con.execute("SET enable_progress_bar = false")
     if not read_only:
-        create_all(con)
+        try:
+            create_all(con)
+        except duckdb.Error as e:
+            con.close()
+            full = disk_full(e, db, "the store's tables")
+            if full is not None:
+                raise full from None
+            raise
     return con
 
 

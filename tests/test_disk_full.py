@@ -163,3 +163,12 @@ def test_batch_on_a_full_disk_fails_each_job_in_one_line_and_keeps_the_catalog(t
         (line,) = one_line_disk_full(r.stdout + r.stderr, disk)
         assert line.startswith("error: disk full") and "batch catalog" in line, line
         assert _catalog(db) == before
+
+
+def test_a_store_that_cannot_be_created_on_a_full_disk_is_one_line(tmp_path):
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        fill(disk, 0)
+        r = cli("ingest", DP4, "--db", disk / "new.duckdb")
+        assert r.returncode == 2, r.stdout + r.stderr
+        (line,) = one_line_disk_full(r.stdout + r.stderr, disk)
+        assert line.startswith("error: disk full") and "new.duckdb" in line, line
