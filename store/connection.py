@@ -2,7 +2,9 @@
 
 DuckDB lets one process write a file or several read it. A command that meets another process's lock waits
 for it with bounded back-off (``WAIT_SECONDS``, the CLI's ``--wait``), saying once that it is waiting, then
-fails in one line naming the holder.
+fails in one line naming the holder. A write that finds the disk full fails in one line too (``abort``,
+store.errors.DiskFull), its transaction rolled back; a database that a fatal error invalidated is reopened
+(``is_fatal``, ``reopen``).
 """
 import re
 import sys

@@ -129,7 +129,8 @@ def _store_base(db, tmp_path, name, data, rank):
 
 
 # what nsys text may hold: a lone surrogate as CESU-8, a cut character, stray continuation bytes, NUL, overlong
-BAD_TEXT = (b"\xed\xa0\x80", b"\xed\xb3\xbf", b"\xe2\x82", b"\x80\x80", b"\x00", b"\xc0\xaf", b"\xff", b"\xf4\x90\x80\x80")
+BAD_TEXT = (b"\xed\xa0\x80", b"\xed\xb3\xbf", b"\xe2\x82", b"\x80\x80", b"\x00", b"\xc0\xaf", b"\xff",
+            b"\xf4\x90\x80\x80")
 
 
 def test_nsys_text_mutations_land_or_fail_in_one_line(db, tmp_path, bases):
