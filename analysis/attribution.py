@@ -15,7 +15,7 @@ from analysis.classify import classify_kernel
 from analysis.intervals import i64 as _i64
 from analysis.ledgers import LEDGERS
 from store.arrays import from_numpy, strings, table
-from store.connection import append_arrow
+from store.connection import abort, append_arrow
 from analysis.rank_pass import (REENTRANT_HOST, RECOMPUTE_HOST, io_regions, rank_groups, read_group,  # noqa: F401
                                 recomputed, sweep_group)
 
@@ -203,9 +203,13 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
     progress(ranks_done, ranks) after each group of ranks is swept and written."""
     check_pattern("recompute pattern", recompute_pattern)
     check_pattern("io pattern", io_pattern)
-    _ensure_tables(con)
     import duckdb
 
+    try:
+        _ensure_tables(con)
+    except duckdb.Error as e:   # a full disk: one DiskFull line, nothing changed
+        abort(con, e, f"the ledger tables for job {job!r}")
+        raise
     try:
         con.execute("BEGIN TRANSACTION")
     except duckdb.TransactionException:  # the caller's transaction already holds the work
@@ -213,8 +217,8 @@ def attribute_job(con, job: str, recompute_pattern: str | None = None, io_patter
     try:
         out = _attribute(con, job, recompute_pattern, io_pattern, progress)
         con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
+    except BaseException as e:
+        abort(con, e, f"the ledgers of job {job!r}")
         raise
     return out
 

@@ -29,3 +29,26 @@ def repair_strings(x):
     if isinstance(x, list):
         return [repair_strings(v) for v in x]
     return x
+
+
+def nested_too_deep(what: str = "JSON") -> str:
+    """The one-line reason for a WHAT document nested deeper than Python's parser goes (it recurses once per
+    level, so its reach is the interpreter's recursion limit less the frames already on the stack)."""
+    import sys
+
+    depth, f = 0, sys._getframe()
+    while f is not None:
+        depth, f = depth + 1, f.f_back
+    return f"{what} nested deeper than {sys.getrecursionlimit() - depth} levels"
+
+
+def load_json(data, path, where=None, repair: bool = False):
+    """json.loads(DATA) (with lone surrogates repaired when REPAIR); a document nested deeper than the parser
+    goes is a one-line TraceFormatError naming PATH, not a RecursionError. Other parse errors pass through."""
+    import json
+
+    try:
+        doc = json.loads(data)
+        return repair_strings(doc) if repair else doc
+    except RecursionError:
+        raise TraceFormatError(path, where, nested_too_deep()) from None

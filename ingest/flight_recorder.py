@@ -21,7 +21,8 @@ import pyarrow as pa
 from ingest.kineto import DTYPE_BYTES
 from ingest.nccl_log import first
 from ingest.registry import Loader
-from ingest.common import read_nonempty, repair_strings
+from ingest.common import load_json, nested_too_deep, read_nonempty, repair_strings
+from store.connection import abort
 from store.errors import IngestConflict, TraceFormatError
 
 PICKLE_PROTO = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -83,7 +84,7 @@ def read_dump(path: Path) -> tuple[dict, str]:
         obj, fmt = safe_loads(data, path), "pickle"
     else:
         try:
-            obj = json.loads(data)
+            obj = load_json(data, path)
         except UnicodeDecodeError:
             raise TraceFormatError(path, None, "neither a pickle nor UTF-8 JSON (binary data)") from None
         except json.JSONDecodeError as e:
@@ -98,7 +99,10 @@ def read_dump(path: Path) -> tuple[dict, str]:
         raise TraceFormatError(path, None, f"not a Flight Recorder dump: no 'entries' list (top level: {keys})")
     if not all(isinstance(e, dict) for e in obj["entries"]):
         raise TraceFormatError(path, "entries", "an entry is not a dict")
-    return repair_strings(obj), fmt
+    try:
+        return repair_strings(obj), fmt
+    except RecursionError:      # a pickle nests without recursing; walking it does
+        raise TraceFormatError(path, None, nested_too_deep(fmt)) from None
 
 
 def rank_of(path: Path, rank: int | None) -> int:
@@ -145,7 +149,7 @@ def _pg_rows(obj: dict, entries: pa.Table) -> list[tuple]:
             lst = json.loads(ranks) if isinstance(ranks, str) else ranks
             if isinstance(lst, list) and lst and all(isinstance(x, int) for x in lst):
                 members = lst
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             members = None
         rows[name] = [None, name, c.get("desc"), None if ranks is None else str(ranks), members, None, None, None]
     for key, s in status.items():
@@ -179,7 +183,7 @@ def _check_fields(path, obj: dict) -> None:
         ranks = c.get("ranks") if isinstance(c, dict) else None
         try:
             lst = json.loads(ranks) if isinstance(ranks, str) else ranks
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             continue
         if isinstance(lst, list):
             bad = [x for x in lst if isinstance(x, int) and not 0 <= x <= 2**31 - 1]
@@ -243,8 +247,8 @@ def load(con, path, job, rank=None, replace=False, salvage=False):
                         [job, r, str(path.resolve()), digest, fmt, version, str(lib) if lib else None, tbl.num_rows])
             con.execute("INSERT INTO jobs (job) VALUES (?) ON CONFLICT (job) DO NOTHING", [job])
             con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as e:
+            abort(con, e, "this file's rows")
             raise
     finally:
         con.unregister("_fr_arrow")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import duckdb
 
-from ingest.common import repair_strings
-from store.errors import TraceFormatError
+from ingest.common import load_json, nested_too_deep, repair_strings
+from store.errors import TraceFormatError, disk_full
 
 try:  # ISA-L's inflate: the same gzip streams, about 3x faster than zlib's
     from isal import igzip as _gzip
@@ -115,6 +115,9 @@ def _decompress(path: Path, dst: Path) -> None:
                                            "raise --max-decompressed-bytes if the trace is real")
                 out.write(view[:k])
     except (OSError, EOFError, zlib.error, _inflate_error) as e:
+        full = disk_full(e, dst, "the decompressed trace")
+        if full is not None:     # the work folder's disk, not the file
+            raise full from None
         raise TraceFormatError(path, None, f"corrupt gzip stream ({e})") from None
 
 
@@ -161,18 +164,24 @@ def _find_array_end(tail: bytes, tail_off: int) -> tuple[int, dict] | None:
     """
     # latin-1 keeps one character per byte, so string offsets are byte offsets
     t = tail.decode("latin-1")
+    deep = False
     for m in re.finditer(r"[}\[]\s*\]", t):
         pos = m.end() - 1
-        if not _rest_is_object_tail(t, pos + 1):
-            continue
-        rest = tail[pos + 1:].strip()
-        body = rest[1:] if rest.startswith(b",") else rest
         try:
+            if not _rest_is_object_tail(t, pos + 1):
+                continue
+            rest = tail[pos + 1:].strip()
+            body = rest[1:] if rest.startswith(b",") else rest
             extra = json.loads(b"{" + body if body != b"}" else b"{}")
         except ValueError:
             continue
+        except RecursionError:      # nested deeper than the parser goes: maybe the end, unreadable
+            deep = True
+            continue
         if isinstance(extra, dict):
             return tail_off + pos, extra
+    if deep:
+        raise RecursionError("the metadata after traceEvents is nested too deep")
     return None
 
 
@@ -245,13 +254,16 @@ def sniff_kineto(path: Path, salvage: bool = False, n_chunks: int | None = None)
             pre = head[: m.start()].rstrip()
             pre = pre[:-1] if pre.endswith(b",") else pre
             try:
-                km.meta = repair_strings(json.loads(pre + b"}")) if pre.strip() != b"{" else {}
+                km.meta = load_json(pre + b"}", path, "metadata", repair=True) if pre.strip() != b"{" else {}
             except ValueError as e:
                 raise TraceFormatError(path, "metadata", f"malformed metadata before traceEvents ({e})") from None
             toff = max(km.array_offset, size - TAIL_BYTES)
             f.seek(toff)
             tail = f.read()
-            found = _find_array_end(tail, toff)
+            try:
+                found = _find_array_end(tail, toff)
+            except RecursionError:
+                raise TraceFormatError(path, "metadata after traceEvents", nested_too_deep()) from None
             if found is None:
                 # A cut file: find the last complete event (a '}' followed by ',' and the next '{').
                 last = None
@@ -328,11 +340,17 @@ def _write_chunks(f, km: KinetoMeta, end: int, closing: bytes, size: int, n_chun
     bounds.append((prev_start, end))
     for i, (a, b) in enumerate(bounds):
         out_path = str(Path(km.tmpdir) / f"events-{i}.json")
-        with open(out_path, "wb") as out:
-            if i > 0:
-                out.write(b"[")
-            _copy_range(f, out, a, b - a)
-            out.write(closing if i == len(bounds) - 1 else b"]")
+        try:
+            with open(out_path, "wb") as out:
+                if i > 0:
+                    out.write(b"[")
+                _copy_range(f, out, a, b - a)
+                out.write(closing if i == len(bounds) - 1 else b"]")
+        except OSError as e:
+            full = disk_full(e, out_path, "the trace's events (a work file)")
+            if full is not None:     # the work folder's disk, not the file
+                raise full from None
+            raise
         # byte p of this file is document byte a + p (chunk 0 starts at the '[' itself) or a + p - 1
         km.chunks.append((out_path, a if i == 0 else a - 1))
     km.slice_path = km.chunks[0][0]

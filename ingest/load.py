@@ -15,8 +15,10 @@ import duckdb
 
 from ingest.kineto import bind_events, drop_events, read_events, rank_from_meta_or_name, sniff_kineto
 from ingest.kineto_tables import insert_tables
+from ingest.common import nested_too_deep
 from ingest.registry import loader_for
-from store.errors import IngestConflict, NinefoldError, TraceFormatError
+from store.connection import abort
+from store.errors import DiskFull, IngestConflict, NinefoldError, TraceFormatError, disk_full
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -85,8 +87,9 @@ SIDE_FILE_BYTES = 1 << 20
 
 def side_json_reason(f: Path) -> str | None:
     """Why a JSON file met in a directory scan is a side file (a manifest, a ground truth), not a trace:
-    a JSON object with no traceEvents, whatever its size (a big one: the key's bytes appear nowhere in it). None for anything else, broken files included: those
-    are ingested and fail with their own clear error."""
+    a JSON object with no traceEvents, whatever its size (a big one: the key's bytes appear nowhere in it), or
+    one nested deeper than the parser goes (the reason then says so). None for anything else, broken files
+    included: those are ingested and fail with their own clear error."""
     if not f.name.endswith((".json", ".json.gz")) or loader_for(f) is not None:
         return None      # another format's loader (a Flight Recorder JSON dump, say) takes it
     why = 'not a Kineto trace: a JSON object with no "traceEvents" array'
@@ -111,6 +114,8 @@ def side_json_reason(f: Path) -> str | None:
         doc = json.loads(head)
     except ValueError:
         return None
+    except RecursionError:      # an object with no traceEvents, nested deeper than the parser goes
+        return nested_too_deep() if head.lstrip().startswith(b"{") else None
     return why if isinstance(doc, dict) else None
 
 
@@ -256,8 +261,8 @@ def load_kineto(con, path: Path, job: str, rank: int | None = None, replace: boo
             con.execute("COMMIT")
             stage("build", t1 - t)
             stage("write", time.perf_counter() - t1)
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as e:
+            abort(con, e, "this file's rows")
             raise
         msg = "salvaged (file was truncated)" if km.salvaged else ""
         return LoadResult(str(path), job, rank, "stored", msg, counts)
@@ -300,7 +305,9 @@ def _resource_error(con, path, e) -> str:
         except duckdb.Error:
             limit = "?"
         return f"{path}: out of memory while ingesting ({first}); DuckDB's memory_limit is {limit}"
-    return f"{path}: I/O error while ingesting ({first})"
+    if isinstance(e, duckdb.IOException):
+        return f"{path}: I/O error while ingesting ({first})"
+    return f"{path}: DuckDB refused it ({type(e).__name__}: {first}); nothing of it was stored"
 
 
 def default_jobs() -> int:
@@ -309,28 +316,109 @@ def default_jobs() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+# DuckDB errors that a file's content or the machine causes: the file fails in one line, the others still load
+FILE_DUCKDB_ERRORS = (duckdb.OutOfMemoryException, duckdb.IOException, duckdb.InvalidInputException, duckdb.DataError,
+                      duckdb.ConstraintException, duckdb.TransactionException)
+
+
+def _fatal_error(path, e) -> str:
+    first = " ".join(str(e).split("\n")[0].split())[:200]
+    return (f"{path}: DuckDB failed fatally on this file ({first}); nothing of it was stored and the store was "
+            "reopened for the other files")
+
+
+class _Ahead:
+    """Small Kineto files hashed and parsed JOBS at a time on cursors of their own (all cores) while the caller
+    writes the previous one; each file is still its own transaction, in order."""
+
+    def __init__(self, con, files, small, jobs, salvage):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.con, self.files, self.small, self.jobs, self.salvage = con, files, small, jobs, salvage
+        self.futures: dict = {}
+        con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SCRATCH}")
+        self.pool = ThreadPoolExecutor(max_workers=jobs)
+
+    def submit_from(self, i):
+        for k in range(i, min(i + self.jobs + 1, len(self.files))):
+            if self.small[k] and k not in self.futures:
+                self.futures[k] = self.pool.submit(prepare_kineto, self.con, self.files[k][0], self.salvage, k)
+
+    def take(self, i) -> Prepared | None:
+        return self.futures.pop(i).result() if i in self.futures else None
+
+    def close(self, alive: bool = True):
+        """Wait for the parses in flight and drop what they left (ALIVE: the connection can still be used)."""
+        self.pool.shutdown(wait=True)
+        for fut in self.futures.values():
+            prep = fut.result()
+            if alive:
+                _discard(self.con, prep)
+            elif prep.km is not None:
+                prep.km.cleanup()
+        self.futures.clear()
+        if alive:
+            self.con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
+
+
+def _load_one(con, f, ld, j, rank, replace, salvage, prep):
+    """One file's LoadResult(s); a failure of the file or of the machine is a failed result, one line. A fatal
+    DuckDB error (the database invalidated) is raised: the caller reopens the store."""
+    from store.connection import is_fatal
+
+    try:
+        if ld is not None:
+            return ld.load(con, f, j, rank=rank, replace=replace, salvage=salvage)
+        return load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage, prepared=prep)
+    except DiskFull as e:
+        return LoadResult(str(f), j, rank, "failed", f"{f}: {e}; nothing of it was stored")
+    except NinefoldError as e:
+        return LoadResult(str(f), j, rank, "failed", str(e))
+    except RecursionError:
+        return LoadResult(str(f), j, rank, "failed", f"{f}: {nested_too_deep()}")
+    except (duckdb.Error, OSError) as e:
+        if is_fatal(e):
+            raise
+        # the machine (a full disk, no memory) or content DuckDB refuses: this file fails in one line (its
+        # transaction rolled back), the others still load
+        full = disk_full(e, None, "this file's rows or work files")
+        if full is not None:
+            return LoadResult(str(f), j, rank, "failed", f"{f}: {full}; nothing of it was stored")
+        if not isinstance(e, FILE_DUCKDB_ERRORS):
+            raise           # not the file's doing (a query of ours that is wrong): a traceback, to be fixed
+        return LoadResult(str(f), j, rank, "failed", _resource_error(con, f, e))
+
+
 def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, on_result=None,
                  jobs: int | None = None) -> list[LoadResult]:
     """Ingest every file; a failing file is reported and does not stop the others.
 
     jobs: small Kineto files parsed ahead side by side while the previous one is written (default
-    default_jobs(); 1 parses each file in turn). Each file is still its own transaction, in order."""
+    default_jobs(); 1 parses each file in turn). Each file is still its own transaction, in order.
+    A file on which DuckDB fails fatally (its database invalidated) fails in one line; the store is reopened
+    (CON is then dead: the reopened connection is closed on return) and the other files still load."""
+    from store.connection import db_path, is_fatal, reopen
+
     jobs = default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise NinefoldError(f"--jobs must be at least 1, not {jobs}")
     results = []
+
+    def report(r):
+        for one in (r if isinstance(r, list) else [r]):
+            results.append(one)
+            if on_result:
+                on_result(one)
+
     side: list = []
     files = discover(paths, skipped=side)
     for f, j, why in side:
-        results.append(LoadResult(str(f), job or j, rank, "skipped", f"{f}: {why}"))
-        if on_result:
-            on_result(results[-1])
+        report(LoadResult(str(f), job or j, rank, "skipped", f"{f}: {why}"))
     loaders = [loader_for(f) for f, _ in files]
-    # Small Kineto files are hashed and parsed JOBS at a time on cursors of their own (all cores) while
-    # this thread writes the previous one; each file is still its own transaction, in order.
     small = [ld is None and f.exists() and f.stat().st_size <= PREFETCH_MAX_BYTES for (f, _), ld in zip(files, loaders)]
-    futures: dict = {}
-    pool = None
+    db = db_path(con)
+    own = None          # the connection reopened after a fatal error, closed on return
+    ahead = None
     # Several files: DuckDB checkpoints after every commit whose WAL passes checkpoint_threshold (16 MiB), which
     # for a rank file each time rewrites what the last one wrote; let the WAL grow to RUN_CHECKPOINT_THRESHOLD
     # over the run (every commit is still durable in it) and checkpoint at the end.
@@ -339,44 +427,33 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
         threshold = con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
         con.execute(f"SET checkpoint_threshold = '{RUN_CHECKPOINT_THRESHOLD}'")
     if sum(small) > 1 and jobs > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {SCRATCH}")
-        pool = ThreadPoolExecutor(max_workers=jobs)
-
-    def ahead(i):
-        for k in range(i, min(i + jobs + 1, len(files))):
-            if small[k] and k not in futures:
-                futures[k] = pool.submit(prepare_kineto, con, files[k][0], salvage, k)
-
+        ahead = _Ahead(con, files, small, jobs, salvage)
     try:
         for i, ((f, default_job), ld) in enumerate(zip(files, loaders)):
             j = job or default_job
-            if pool is not None:
-                ahead(i)
+            if con is None:     # an in-memory database that a fatal error took with it
+                report(LoadResult(str(f), j, rank, "failed", f"{f}: not attempted: the in-memory database was "
+                                  "invalidated by a fatal DuckDB error on an earlier file"))
+                continue
             try:
-                if ld is not None:
-                    r = ld.load(con, f, j, rank=rank, replace=replace, salvage=salvage)
-                else:
-                    prep = futures.pop(i).result() if i in futures else None
-                    r = load_kineto(con, f, j, rank=rank, replace=replace, salvage=salvage, prepared=prep)
-            except NinefoldError as e:
-                r = LoadResult(str(f), j, rank, "failed", str(e))
-            except (duckdb.OutOfMemoryException, duckdb.IOException) as e:
-                # the machine, not the file: this file fails in one line (its transaction rolled back), the
-                # others still load
-                r = LoadResult(str(f), j, rank, "failed", _resource_error(con, f, e))
-            for one in (r if isinstance(r, list) else [r]):
-                results.append(one)
-                if on_result:
-                    on_result(one)
+                if ahead is not None:
+                    ahead.submit_from(i)
+                r = _load_one(con, f, ld, j, rank, replace, salvage, ahead.take(i) if ahead else None)
+            except duckdb.Error as e:
+                if not is_fatal(e):
+                    raise
+                r = LoadResult(str(f), j, rank, "failed", _fatal_error(f, e))
+                if ahead is not None:
+                    ahead.close(alive=False)
+                    ahead = None
+                con = own = reopen(con, db) if db else None
+                if con is not None and threshold is not None:
+                    con.execute(f"SET checkpoint_threshold = '{RUN_CHECKPOINT_THRESHOLD}'")
+            report(r)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
-            for fut in futures.values():
-                _discard(con, fut.result())
-            con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
-        if threshold is not None:
+        if ahead is not None:
+            ahead.close()
+        if threshold is not None and con is not None:
             con.execute(f"SET checkpoint_threshold = '{threshold}'")
             t = time.perf_counter()
             try:
@@ -384,4 +461,6 @@ def ingest_paths(con, paths, job=None, rank=None, replace=False, salvage=False, 
             except duckdb.Error:
                 pass    # another transaction is open: the WAL holds every commit, a later checkpoint folds it in
             stage("write", time.perf_counter() - t)
+        if own is not None:
+            own.close()
     return results

@@ -17,6 +17,8 @@ other, so the link is found in three steps, all in SQL:
 """
 from __future__ import annotations
 
+from store.connection import abort
+
 OP_NORM = """CASE regexp_replace(regexp_replace(lower({c}), '[^a-z]', '', 'g'),
                                  '(intotensor|tensor|base|coalesced|single)$', '')
     WHEN 'allreduce' THEN 'allreduce' WHEN 'allgather' THEN 'allgather' WHEN 'reducescatter' THEN 'reducescatter'
@@ -83,8 +85,8 @@ def link_profiler_collectives(con, job: str) -> dict:
                                   ELSE p.ord = n.ord + pr.d END)
             ORDER BY n.rank, p.start_ns""", [job])
         con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
+    except BaseException as e:
+        abort(con, e, "the NCCL log links")
         raise
     pairs = con.execute("""SELECT rank, comm, nullif(pg_name, ''), CASE WHEN by_seq THEN 'seq_opcount' ELSE 'order' END, d
                            FROM _lk_pair ORDER BY rank, comm""").fetchall()

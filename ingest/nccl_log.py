@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from ingest.registry import Loader
 from ingest.common import read_nonempty
+from store.connection import abort
 from store.errors import IngestConflict, TraceFormatError
 
 SOURCE = "nccl_log"
@@ -503,8 +504,8 @@ def load(con, path, job, rank=None, replace=False, salvage=False):
         try:
             counts = insert_staged(con, job, digest, st)
             con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as e:
+            abort(con, e, "this file's rows")
             raise
     finally:
         drop_staged(con)

@@ -15,6 +15,7 @@ from pathlib import Path
 from ingest import nccl_log
 from ingest.nccl_log import first, q
 from ingest.registry import Loader
+from store.connection import abort
 from store.errors import IngestConflict, TraceFormatError
 
 SOURCE = "nccl_tests"
@@ -168,8 +169,8 @@ def load(con, path, job, rank=None, replace=False, salvage=False):
             n = insert_tests(con, job, f, digest, blocks, diags)
             log_counts = nccl_log.insert_staged(con, job, digest, st) if log_state is None else None
             con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as e:
+            abort(con, e, "this file's rows")
             raise
     finally:
         for b in range(64):

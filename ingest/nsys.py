@@ -5,7 +5,9 @@ tables as Arrow), ``ingest.nsys_ranks`` (which rank each process is), ``ingest.n
 
 Read path. Tables are read column-wise into Arrow through the ADBC SQLite driver (``adbc-driver-sqlite``,
 a pyproject dependency), side by side in threads (a large table in rowid ranges, each query on a
-connection of its own), and joined, decoded and written by DuckDB SQL; no Python code touches a row.
+connection of its own), and joined, decoded and written by DuckDB SQL; no Python code touches a row, except in
+a batch of text that is not valid UTF-8 (SQLite stores text bytes unchecked: a lone surrogate, a cut character),
+which is repaired to U+FFFD before DuckDB sees it (diagnostic ``repaired_strings``) as the Kineto reader does.
 SQLite itself reads every page, so a damaged file is reported as SQLite reports it. DuckDB's own ``sqlite``
 extension is not used: it is downloaded at run time, and a fresh machine without access to the extension
 repository cannot load it. The ADBC driver infers a
@@ -74,6 +76,7 @@ from ingest.nsys_read import (API_TABLES, REPORT_SUFFIXES, SQLITE_MAGIC, _check_
 from ingest.nsys_rows import (_counts, _device_names, _file_diags, _insert_collectives, _insert_gpu, _insert_host,
                               _insert_steps, _no_corr, _rank_diags, _stage)
 from ingest.registry import Loader
+from store.connection import abort
 from store.errors import IngestConflict, NinefoldError, TraceFormatError
 from store.schema import PER_TRACE
 
@@ -159,6 +162,9 @@ def load(con, path, job: str, rank: int | None = None, replace: bool = False, sa
             step_src = _insert_steps(con, job, step_pattern, n_groups if step_pattern is not None else None)
             _insert_collectives(con, job)
             file_diags = list(diags) + _file_diags(con, counts_in, meta)
+            if src.repaired:
+                file_diags.append(("nsys", "repaired_strings", src.repaired, "text that was not valid UTF-8 (a lone "
+                                   "surrogate, a cut character) was stored with U+FFFD in place of the bad bytes"))
             first = min(ranks.values())
             no_corr = _no_corr(con)
             for g, p in procs:
@@ -185,8 +191,8 @@ def load(con, path, job: str, rank: int | None = None, replace: bool = False, sa
             con.execute("INSERT INTO jobs (job, world_size) VALUES (?, ?) ON CONFLICT (job) DO UPDATE SET "
                         "world_size = coalesce(excluded.world_size, jobs.world_size)", [job, world])
             con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
+        except BaseException as e:
+            abort(con, e, "this file's rows")
             raise
         return results
     except TraceFormatError:

@@ -100,11 +100,14 @@ class _Src:
 
         self.path = path
         self.adbc_db = None
+        self.repaired = 0       # text values that were not valid UTF-8, stored with U+FFFD in their place
+        self._counting = threading.Lock()
         try:
             # tables are read in threads: the small queries share this connection one at a time (under
             # concurrent calls sqlite3_errcode, which reports a failed step, is the connection's, so another
             # thread's success can hide a damaged page's error); the bulk reads each open their own (arrow)
             self.db = sqlite3.connect(_uri(path), uri=True, check_same_thread=False)
+            self.db.text_factory = self._text
             self.lock = threading.Lock()
             rows = self.db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
             self.cols = {}
@@ -114,6 +117,16 @@ class _Src:
             self.adbc_db = adbc_driver_sqlite.connect(_uri(path))
         except (sqlite3.Error, OSError, ValueError, adbc_driver_manager.Error) as e:
             raise TraceFormatError(path, None, f"unreadable SQLite file: {_one_line(e)}") from None
+
+    def _text(self, b: bytes) -> str:
+        """SQLite text as str: bytes that are not UTF-8 (a lone surrogate written as CESU-8, a cut character)
+        become U+FFFD, counted, as the Kineto reader does with lone surrogate escapes."""
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            with self._counting:
+                self.repaired += 1
+            return b.decode("utf-8", errors="replace")
 
     def close(self):
         for c in ("adbc_db", "db"):
@@ -154,9 +167,25 @@ class _Src:
             n = self.count(table) if table in self.cols else 0
             return pa.table([pa.nulls(n, f.type) for f in schema], schema=schema)
         got = self._queried(table, have, set(ints))
+        for c in texts:
+            if c in got:
+                got[c] = self._valid_utf8(got[c])
         n = len(next(iter(got.values())))
         return pa.table([got[f.name].cast(f.type) if f.name in got else pa.nulls(n, f.type) for f in schema],
                         schema=schema)
+
+    def _valid_utf8(self, col: pa.ChunkedArray) -> pa.ChunkedArray:
+        """COL with every value that is not valid UTF-8 repaired to U+FFFD (SQLite stores text bytes unchecked;
+        DuckDB must never see them: its string functions fail fatally and invalidate the database)."""
+        chunks = []
+        for a in col.chunks:
+            try:
+                a.validate(full=True)
+            except pa.ArrowInvalid:
+                vals = a.cast(pa.binary()).to_pylist()
+                a = pa.array([None if v is None else self._text(v) for v in vals], pa.string())
+            chunks.append(a)
+        return pa.chunked_array(chunks, pa.string())
 
     def _queried(self, table: str, have: list, ints: set) -> dict:
         """HAVE read by SQLite, as CAST(c AS INTEGER) / ifnull(CAST(c AS TEXT), '')."""

@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from store.errors import disk_full
+
 from .batch_catalog import (_job_files, _night_seq, collect_garbage, committed_parts, ensure_batch_tables,
                             load_jobs_into_catalog, lost_kernels_of, record_failure, regressions_for)
 from .batch_diff import night_diffs, prune_step_samples, regression_line, regressions
@@ -221,6 +223,11 @@ def run_batch(root, db, reports, scheduler: str = "local", workers: int | None =
         write_index(con, reports, night, summary)
         spath = reports / "summary.json"
         _atomic_write_text(spath, json.dumps(summary, indent=1))
+    except Exception as e:      # the catalog's or the reports' disk is full: one line; committed nights stay
+        full = disk_full(e, db, "the batch catalog or its reports")
+        if full is not None:
+            raise full from None
+        raise
     finally:
         con.close()
     echo(f"done in {time.perf_counter() - t_start:.1f}s: {len(processed)} processed, {len(skipped)} unchanged, "

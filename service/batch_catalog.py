@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.ledgers import LEDGERS
+from store.connection import abort
 
 from .batch_diff import drop_step_samples, ensure_sample_tables, store_step_samples
 from .batch_jobs import JobSpec
@@ -104,8 +105,8 @@ def load_jobs_into_catalog(con, night: str, items: list) -> None:
                                                seconds])
         store_step_samples(con, night, jobs)
         con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
+    except BaseException as e:
+        abort(con, e, "the night's results")
         raise
 
 

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from analysis.ledgers import LEDGERS
-from store.errors import NinefoldError
+from store.errors import NinefoldError, disk_full
 
 LEDGER_TABLES = ("ledger_totals", "ledger_segments", "ledger_names", "step_windows", "clock_offsets",
                  "kernel_classes", "pg_axes", "collective_matches")
@@ -163,6 +163,9 @@ def parse_task(db: str, job: str, path: str, sha: str, threads: int = 1) -> dict
     except NinefoldError as e:
         return {"ok": False, "path": path, "sha": sha, "error": str(e)}
     except Exception as e:  # anything else is still this file's failure, not the batch's
+        full = disk_full(e, None, "its parsed rows")
+        if full is not None:
+            return {"ok": False, "path": path, "sha": sha, "error": f"{path}: {full}"}
         return {"ok": False, "path": path, "sha": sha, "error": f"{path}: {type(e).__name__}: {e}",
                 "traceback": traceback.format_exc()}
 
@@ -295,6 +298,9 @@ def attribute_task(db: str, job: str, key: str, parses: list[dict], threads: int
     except NinefoldError as e:
         return {**base, "ok": False, "stage": "attribute", "error": f"{job}: attribution: {e}"}
     except Exception as e:
+        full = disk_full(e, None, "its ledgers")
+        if full is not None:
+            return {**base, "ok": False, "stage": "attribute", "error": f"{job}: attribution: {full}"}
         return {**base, "ok": False, "stage": "attribute", "error": f"{job}: attribution: {type(e).__name__}: {e}",
                 "traceback": traceback.format_exc()}
 

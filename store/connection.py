@@ -2,7 +2,9 @@
 
 DuckDB lets one process write a file or several read it. A command that meets another process's lock waits
 for it with bounded back-off (``WAIT_SECONDS``, the CLI's ``--wait``), saying once that it is waiting, then
-fails in one line naming the holder.
+fails in one line naming the holder. A write that finds the disk full fails in one line too (``abort``,
+store.errors.DiskFull), its transaction rolled back; a database that a fatal error invalidated is reopened
+(``is_fatal``, ``reopen``).
 """
 import re
 import sys
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import duckdb
 
-from store.errors import NinefoldError
+from store.errors import NinefoldError, disk_full
 from store.schema import create_all
 
 WAIT_SECONDS = 30.0  # how long a command waits for another process's lock on the store
@@ -54,6 +56,9 @@ def _open(db, read_only: bool, wait: float | None):
         except duckdb.IOException as e:
             msg = str(e)
             if "lock" not in msg.lower():
+                full = disk_full(e, db, "the store")
+                if full is not None:
+                    raise full from None
                 raise
             if time.monotonic() >= deadline:
                 raise StoreBusy(f"{db}: locked by {_holder(msg)}; gave up after {wait:g} s "
@@ -70,9 +75,63 @@ def connect(db: str | Path, read_only: bool = False, wait: float | None = None) 
     con = _open(db, read_only, wait)
     con.execute("SET enable_progress_bar = false")
     if not read_only:
-        create_all(con)
+        try:
+            create_all(con)
+        except duckdb.Error as e:
+            con.close()
+            full = disk_full(e, db, "the store's tables")
+            if full is not None:
+                raise full from None
+            raise
     return con
 
+
+
+def db_path(con) -> str | None:
+    """The file behind CON's default database (None for an in-memory one)."""
+    return con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0]
+
+
+def is_fatal(e: BaseException) -> bool:
+    """Whether E left its DuckDB database invalidated: every later statement on it fails until it is reopened
+    (a FATAL or INTERNAL error)."""
+    return (isinstance(e, (duckdb.FatalException, duckdb.InternalException))
+            or "database has been invalidated" in str(e))
+
+
+def reopen(con, db) -> duckdb.DuckDBPyConnection:
+    """A fresh writing connection to DB in place of CON, whose database a fatal error invalidated. What was
+    committed before is in the file (and its WAL); the failed transaction never was."""
+    try:
+        con.close()
+    except duckdb.Error:
+        pass
+    return connect(db)
+
+
+def rollback(con) -> None:
+    """Roll back CON's transaction. A COMMIT that failed (a full disk) has already ended it, and a database a
+    fatal error invalidated refuses every statement: neither hides the error that got here."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
+def abort(con, e: BaseException, what: str) -> None:
+    """Roll back CON's transaction after E. A write that found the disk full raises one DiskFull instead, naming
+    the disk and WHAT was being written; the store keeps what it held before the transaction."""
+    rollback(con)
+    full = disk_full(e, _path_or_none(con), what)
+    if full is not None:
+        raise full from None
+
+
+def _path_or_none(con) -> str | None:
+    try:
+        return db_path(con)
+    except duckdb.Error:
+        return None
 
 
 def append_arrow(con, table: str, rows, job: str | None = None) -> None:

@@ -1,4 +1,6 @@
-"""Seeded mutation fuzzing of ingest: Kineto JSON and .json.gz, Flight Recorder JSON, NCCL logs, nsys SQLite.
+"""Seeded mutation fuzzing of ingest: Kineto JSON and .json.gz, Flight Recorder JSON, NCCL logs, nsys SQLite; the
+text of an nsys export (surrogates, NULs, bytes that are not UTF-8); JSON nesting depth in every JSON reader
+(Kineto, Flight Recorder, the side-file check of a directory scan).
 
 Every mutated input either lands or fails with one line naming the file; a failure stores nothing; a traceback
 is a defect; the store still opens and the jobs already in it are unchanged. The gate draws a fixed 1,000+
@@ -7,6 +9,9 @@ inputs; HYPOTHESIS_PROFILE=explore draws 10,000+ fresh ones (a new seed each run
 import gzip
 import os
 import random
+import shutil
+import sqlite3
+import sys
 import time
 
 import pytest
@@ -97,4 +102,91 @@ def test_mutated_inputs_land_whole_or_fail_in_one_line(db, tmp_path, bases, kind
             else:
                 assert r.status in ("stored", "skipped", "unchanged"), (i, r.status, r.message)
         p.unlink()
+    assert _counts(db, "base") == before
+
+
+def _check(db, p, job, rank, kind, i, seed):
+    """Ingest P as JOB: lands, or fails in one line naming its folder and storing nothing; never a traceback."""
+    try:
+        res = ingest_paths(db, [p], job=job, rank=rank)
+    except Exception as e:  # a traceback: the defect this test exists to find
+        pytest.fail(f"{kind} mutation {i} (seed {seed}): {type(e).__name__}: {e}")
+    for r in res:
+        if r.status == "failed":
+            assert "\n" not in r.message and str(p.parent if p.is_file() else p) in r.message, (i, r.message)
+            assert not any(_counts(db, job).values()), (i, r.message, _counts(db, job))
+        else:
+            assert r.status in ("stored", "skipped", "unchanged"), (i, r.status, r.message)
+    return res
+
+
+def _store_base(db, tmp_path, name, data, rank):
+    keep = tmp_path / f"base-{name}"
+    keep.write_bytes(data)
+    res = ingest_paths(db, [keep], job="base", rank=rank)
+    assert res and all(r.status == "stored" for r in res), [r.message for r in res]
+    return _counts(db, "base")
+
+
+# what nsys text may hold: a lone surrogate as CESU-8, a cut character, stray continuation bytes, NUL, overlong
+BAD_TEXT = (b"\xed\xa0\x80", b"\xed\xb3\xbf", b"\xe2\x82", b"\x80\x80", b"\x00", b"\xc0\xaf", b"\xff",
+            b"\xf4\x90\x80\x80")
+
+
+def test_nsys_text_mutations_land_or_fail_in_one_line(db, tmp_path, bases):
+    seed = int(time.time()) if EXPLORE else 20261208
+    rng = random.Random(seed)
+    before = _store_base(db, tmp_path, "n.sqlite", bases["n.sqlite"], None)
+    for i in range(10 * SCALE):
+        p = tmp_path / f"s{i}" / "n.sqlite"
+        p.parent.mkdir()
+        p.write_bytes(bases["n.sqlite"])
+        c = sqlite3.connect(p)
+        c.text_factory = bytes
+        ids = [r[0] for r in c.execute("SELECT id FROM StringIds")]
+        for _ in range(rng.randrange(1, 4)):
+            sid = rng.choice(ids)
+            (raw,) = c.execute("SELECT value FROM StringIds WHERE id = ?", [sid]).fetchone()
+            k = rng.randrange(len(raw) + 1)
+            raw = raw[:k] + rng.choice(BAD_TEXT) * rng.randrange(1, 3) + raw[k:]
+            c.execute("UPDATE StringIds SET value = CAST(? AS TEXT) WHERE id = ?", [raw, sid])
+        if rng.random() < 0.5:      # NVTX text carried in the row itself
+            c.execute("UPDATE NVTX_EVENTS SET text = CAST(? AS TEXT) WHERE rowid = 1", [b"r\xed\xa0\x80" + b"\x00"])
+        c.commit()
+        c.close()
+        _check(db, p, f"s{i}", None, "nsys text", i, seed)
+        p.unlink()
+    assert _counts(db, "base") == before
+
+
+def _deepen(data: bytes, rng: random.Random) -> bytes:
+    """DATA with a member nested DEPTH levels deep added to a random object (valid JSON whatever the depth)."""
+    starts = [i for i in range(len(data)) if data[i:i + 1] == b"{"]
+    at = rng.choice(starts) + 1
+    depth = rng.choice((10, 200, 900, sys.getrecursionlimit() + 10, 5000, 40000))
+    o, c = rng.choice(((b"[", b"]"), (b'{"d":', b"}")))
+    return data[:at] + b'"nf_deep": ' + o * depth + b"0" + c * depth + b", " + data[at:]
+
+
+@pytest.mark.parametrize("kind, n", [("rank-0.json", 20), ("rank-0.json.gz", 8), ("rank-0.fr.json", 20),
+                                     ("manifest.json", 15)])
+def test_deep_json_lands_or_fails_in_one_line(db, tmp_path, bases, kind, n):
+    seed = int(time.time()) if EXPLORE else 20261208
+    rng = random.Random(f"{seed}-{kind}")
+    base = bases["rank-0.json" if kind == "manifest.json" else kind]
+    before = _store_base(db, tmp_path, kind, base, 0)
+    for i in range(n * SCALE):
+        d = tmp_path / f"d{i}"
+        d.mkdir()
+        if kind == "manifest.json":    # a side file beside a rank file, in a directory scan
+            (d / "rank-0.json").write_bytes(base)
+            (d / kind).write_bytes(_deepen(b'{"world": 2, "files": [{"rank": 0}]}', rng))
+            res = _check(db, d, f"d{i}", 0, kind, i, seed)
+            assert [r.status for r in res if r.path.endswith("rank-0.json")] == ["stored"], [r.message for r in res]
+        else:
+            raw = gzip.decompress(base) if kind.endswith(".gz") else base
+            data = _deepen(raw, rng)
+            (d / kind).write_bytes(gzip.compress(data, 1) if kind.endswith(".gz") else data)
+            _check(db, d / kind, f"d{i}", 0, kind, i, seed)
+        shutil.rmtree(d)
     assert _counts(db, "base") == before
