@@ -7,7 +7,6 @@ and refreshes the job list, the upload list and the visible tab.
 """
 from __future__ import annotations
 
-import html as _html
 import traceback
 
 import panel as pn
@@ -80,7 +79,9 @@ def _view_pane(name: str, models) -> pn.viewable.Viewable:
 
 
 def _alert(text: str, kind: str = "danger") -> pn.pane.Alert:
-    return pn.pane.Alert(text, alert_type=kind, css_classes=["nf-alert"])
+    """An alert of TEXT, escaped: an error message may quote a job or file name (Alert renders Markdown, which
+    passes HTML through)."""
+    return pn.pane.Alert(esc(text), alert_type=kind, css_classes=["nf-alert"])
 
 
 def uploads_html(entries: list[dict]) -> str:
@@ -178,7 +179,7 @@ def make_app(db_path, store: UploadStore, writer: Writer, max_upload_bytes: int)
                 contents[key].objects = [_alert(str(e))]
             except Exception as e:  # show, do not kill the session
                 traceback.print_exc()
-                contents[key].objects = [_alert(f"{type(e).__name__}: {_html.escape(str(e))}")]
+                contents[key].objects = [_alert(f"{type(e).__name__}: {e}")]
 
         tabs = pn.Tabs(*[(label, contents[key]) for key, label in TABS], dynamic=False, sizing_mode="stretch_width")
         keys = [k for k, _ in TABS]

@@ -8,7 +8,7 @@ from bokeh.plotting import figure
 
 from dashboards import queries
 from dashboards.style import fmt_ns, html_table, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 
 PLOT_NAME = "straggler_heatmap"
 
@@ -49,7 +49,7 @@ def ranks_html(data) -> str:
 
 
 def render(data):
-    head = f"<h2 class='nf'>Stragglers: {data['job']}</h2>"
+    head = heading(2, f"Stragglers: {data['job']}")
     mx = data["matrix"]
     if mx.height == 0:
         return [div(head + note("no collectives matched across ranks (by process group and sequence number)"))]
