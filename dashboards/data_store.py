@@ -148,8 +148,8 @@ def read_connection(db_path, wait_s: float = 20.0):
                 if not _is_lock_error(e) or time.monotonic() >= deadline:
                     if _is_lock_error(e):
                         who = describe_holder(str(e))
-                        raise StoreBusy(f"{p}: locked by {who}" + (f" for over {wait_s:g} s" if wait_s else ""),
-                                        who) from e
+                        raise StoreBusy(f"{p}: locked by another process ({who})"
+                                        + (f" for over {wait_s:g} s" if wait_s else ""), who) from e
                     raise NinefoldError(f"{p}: cannot open the store read-only: {e}") from e
                 time.sleep(min(delay, max(deadline - time.monotonic(), 0.01)))
                 delay = min(delay * 2, 1.0)
