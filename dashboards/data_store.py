@@ -108,26 +108,35 @@ def _is_lock_error(e: Exception) -> bool:
     return "lock" in s or "conflicting" in s or "different configuration" in s
 
 
+_GLOBAL_WITH_VALUE = ("--wait", "--max-decompressed-bytes")   # ninefold's options before the command
+
+
+def _command_of(args: list[str]) -> str | None:
+    """The ninefold command a process's ARGS run ('ingest'), None when they are not ninefold's."""
+    for i, a in enumerate(args):
+        if a == "service.cli" or Path(a).name == "ninefold":
+            rest = iter(args[i + 1:])
+            for x in rest:
+                if x in _GLOBAL_WITH_VALUE:
+                    next(rest, None)
+                elif x and not x.startswith("-"):
+                    return x
+            return "ninefold"
+    return None
+
+
 def describe_holder(message: str) -> str:
     """Who holds the lock DuckDB's MESSAGE names: 'ingest by PID 4242' for a ninefold command, else the program's
     name by its PID; 'another process' when the message names none."""
     m = re.search(r"held in (.*?) \(PID (\d+)\)", message)
     if not m:
         return "another process"
-    pid, what = m.group(2), Path(m.group(1)).name
+    pid = m.group(2)
     try:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
     except OSError:
         args = []
-    for i, a in enumerate(args):
-        if a == "service.cli" or Path(a).name == "ninefold":
-            rest = args[i + 1:]
-            j = 0
-            while j < len(rest) and rest[j].startswith("-"):  # global options: --wait SECONDS …
-                j += 1 if "=" in rest[j] or rest[j] not in ("--wait", "--max-decompressed-bytes") else 2
-            what = rest[j] if j < len(rest) and rest[j] else "ninefold"
-            break
-    return f"{what} by PID {pid}"
+    return f"{_command_of(args) or Path(m.group(1)).name} by PID {pid}"
 
 
 @contextmanager
