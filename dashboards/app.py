@@ -301,13 +301,13 @@ class Session:
             return
         self.state["gen"] = g
         self.state["retry"] = False
-        if self.banner.object:
-            self.banner.object = ""
         entries = self.store.entries()
         self.table.object = uploads_html(entries)
         if not self.refresh_jobs():
             self.render(self.active_key())
             return
+        if self.banner.object:
+            self.banner.object = ""
         # when this page's uploads are all done, show the job they landed in
         if not busy:
             done = [e for e in entries if e.get("job") in self.state["mine"] - self.state["switched"]

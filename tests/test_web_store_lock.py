@@ -103,7 +103,7 @@ def test_a_locked_store_answers_busy_at_once_and_fills_in_when_it_goes(small_sto
         for key, page in pages:
             area = page.locator(f".nf-tab-{key}").first
             want = {"jobs": "Jobs", "compare": "pick a second job"}.get(key, "first")
-            area.get_by_text(want).first.wait_for(timeout=30_000)
+            area.get_by_text(want).first.wait_for(timeout=60_000)   # every page re-renders at once: 2 cores
             assert area.locator(".nf-store-busy").count() == 0, key
             expect(page.locator("select").first).to_have_value("first", timeout=10_000)
         overview = dict(pages)["overview"].locator(".nf-tab-overview canvas").first
