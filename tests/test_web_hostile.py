@@ -1,6 +1,7 @@
-"""Hostile names never run: a job whose job, file, kernel, op, process group and device names and diagnostics are
-HTML and template payloads, opened in the static report and in every tab of the app in a real browser (Debian's
-Chromium driven by Playwright). Zero dialogs, zero planted elements, and the names shown as text."""
+"""Hostile names never run: a job whose job, file, kernel, op, process group, device and host names and
+diagnostics are HTML and template payloads, opened in the static report and in every tab of the app in a real
+browser (Debian's Chromium driven by Playwright). Zero dialogs, zero planted elements, and the names shown as
+text."""
 import json
 from pathlib import Path
 from urllib.parse import quote
@@ -20,8 +21,8 @@ PLANTED = ["img[src='x']", "svg[onload]", "[onerror]", "[onload]", "script:has-t
 
 
 def hostile_files(src: Path, out: Path) -> list[Path]:
-    """The generator's rank files with every kernel and op name, the process group, the device and the file name
-    carrying a payload, plus an event of negative duration (a diagnostic quoting its name)."""
+    """The generator's rank files with every kernel and op name, the process group, the device, the host and the
+    file name carrying a payload, plus an event of negative duration (a diagnostic quoting its name)."""
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for f in sorted(src.glob("rank-*.json")):
@@ -33,6 +34,7 @@ def hostile_files(src: Path, out: Path) -> list[Path]:
             if "Process Group Description" in args:
                 args["Process Group Description"] = PAYLOADS[1] + PAYLOADS[2]
         d["deviceProperties"][0]["name"] = "NVIDIA H100 " + PAYLOADS[0]
+        d["host_name"] = f"node-{f.stem}{PAYLOADS[2]}"
         for pg in d["distributedInfo"]["pg_config"]:
             pg["pg_desc"] = PAYLOADS[1] + PAYLOADS[2]
         ev = next(e for e in d["traceEvents"] if e.get("cat") == "cpu_op")
@@ -61,8 +63,8 @@ def hostile_store(tmp_path_factory):
     # every planted text column holds its payload (else the test would prove nothing)
     assert con.execute("SELECT count(*) FROM diagnostics WHERE example LIKE '%<img src=x%'").fetchone()[0] > 0
     assert con.execute("SELECT count(*) FROM collectives WHERE pg_desc LIKE '%<script>%'").fetchone()[0] > 0
-    assert con.execute("SELECT count(*) FROM traces WHERE device_name LIKE '%<img%' AND path LIKE '%<img%'"
-                       ).fetchone()[0] == 4
+    assert con.execute("SELECT count(*) FROM traces WHERE device_name LIKE '%<img%' AND path LIKE '%<img%' "
+                       "AND host_name LIKE '%<svg%'").fetchone()[0] == 4
     con.close()
     return db
 
