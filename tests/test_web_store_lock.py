@@ -163,3 +163,15 @@ def test_describe_holder_names_the_ninefold_command(small_store):
         assert 0.4 < time.monotonic() - t0 < 3
     finally:
         _release(holder)
+
+
+def test_serve_meeting_a_locked_store_at_start_fails_in_one_line(small_store):
+    holder = _hold(small_store)
+    try:
+        r = subprocess.run([sys.executable, "-m", "service.cli", "--wait", "0.5", "serve", "--db", str(small_store),
+                            "--port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        _release(holder)
+    assert "Traceback" not in r.stderr
+    line = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert r.returncode == 2 and len(line) == 1 and f"PID {holder.pid}" in line[0], r.stderr
