@@ -47,10 +47,10 @@ def serve(db, host, port, token, basic_auth, max_upload, max_total):
                       max_upload_bytes=max_upload, max_uploads_total_bytes=max_total)
     try:
         check_config(cfg)
-        run_server(cfg)
-    except NinefoldError as e:  # a bad setting, or the store locked by another process past --wait at start
+    except NinefoldError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    run_server(cfg)
 
 
 def register(cli) -> None:
