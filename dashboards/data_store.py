@@ -10,7 +10,7 @@ instance is shared and its configuration must match). So:
   read-write connection only for the duration of one upload's ingest + attribute, under ``GATE`` held
   exclusively;
 * a read that meets the lock (this process's writer or another process) either retries for ``wait_s`` seconds
-  (the report, the CLI) or, with ``wait_s=0`` (the web app, whose callbacks run on the server's event loop),
+  (``ninefold report``) or, with ``wait_s=0`` (the web app, whose callbacks run on the server's event loop),
   raises ``StoreBusy`` at once, naming the holder; the app shows that the store is busy and tries again on its
   next tick, so a locked store never holds up another request.
 
