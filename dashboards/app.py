@@ -18,13 +18,10 @@ from dashboards import data_store, queries
 from dashboards.data_store import StoreBusy
 from dashboards.style import CSS, esc, fmt_bytes, html_table, note
 from dashboards.uploads import ChunkWriter, UploadStore, Writer
-from dashboards.views import compare, efficiency, jobs, memory, moe, overview, pipeline, stragglers, timeline, whatif
+from dashboards.views import (TABS, compare, efficiency, jobs, memory, moe, overview, pipeline, stragglers,
+                              timeline, whatif)
 from store.errors import NinefoldError
 
-TABS = [("jobs", "Jobs"), ("overview", "Overview"), ("timeline", "Timeline"), ("whatif", "What if"),
-        ("stragglers", "Stragglers"),
-        ("moe", "MoE"), ("pipeline", "Pipeline"), ("memory", "Memory"), ("efficiency", "Efficiency"),
-        ("compare", "Compare"), ("upload", "Upload")]
 CHUNK_BYTES = 4 << 20
 
 

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS
-from dashboards.app import TABS
+from dashboards.views import TABS  # not from dashboards.app: Panel imported here changes the report's resources
 from test_web_browser import ROOT, _serve, _stop
 
 # holds a read-write connection on argv[1] until its stdin closes; the rest of argv only dresses its command line
