@@ -83,7 +83,7 @@ def test_a_locked_store_answers_busy_at_once_and_fills_in_when_it_goes(small_sto
         t.join()
         print(f'static file {static_s:.3f} s during a page load of {slow[0]:.3f} s')
         assert static_s < 1.0, static_s
-        assert slow[0] < 5.0, slow
+        assert slow[0] < 10.0, slow  # the old read slept 20 s on the event loop before giving up
         for key, _ in TABS:
             if key == "upload":
                 continue
@@ -91,8 +91,8 @@ def test_a_locked_store_answers_busy_at_once_and_fills_in_when_it_goes(small_sto
             t0 = time.monotonic()
             page.goto(f"{url}/?job=first&view={key}")
             busy = page.locator(f".nf-tab-{key} .nf-store-busy").first
-            busy.wait_for(timeout=15_000)
-            assert time.monotonic() - t0 < 15
+            busy.wait_for(timeout=19_000)  # under the old read's 20 s, with room for a loaded machine
+            assert time.monotonic() - t0 < 19
             text = busy.inner_text()
             assert f"the store is busy (ingest by PID {holder.pid}), retrying" in text, text
             assert _get_s(url + "/static/js/bokeh.min.js") < 1.0
