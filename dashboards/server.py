@@ -21,6 +21,7 @@ class ServeConfig:
     token: str | None = None
     basic_auth: str | None = None
     max_upload_bytes: int = 2 << 30
+    max_uploads_total_bytes: int = 50 << 30
 
 
 def is_loopback(host: str) -> bool:
@@ -47,6 +48,9 @@ def check_config(cfg: ServeConfig) -> None:
                                "pass --token T or --basic-auth USER:PASS (or bind 127.0.0.1)")
     if cfg.max_upload_bytes <= 0:
         raise ServeConfigError("--max-upload-bytes must be positive")
+    if cfg.max_uploads_total_bytes < cfg.max_upload_bytes:
+        raise ServeConfigError(f"--max-uploads-total-bytes ({cfg.max_uploads_total_bytes}) must be at least "
+                               f"--max-upload-bytes ({cfg.max_upload_bytes})")
     if not (0 < cfg.port < 65536):
         raise ServeConfigError(f"--port {cfg.port} is not a TCP port")
 
@@ -63,7 +67,7 @@ def run_server(cfg: ServeConfig) -> None:
     db = Path(cfg.db)
     db.parent.mkdir(parents=True, exist_ok=True)
     connect(db).close()  # create the store and its tables before any reader opens it read-only
-    store = UploadStore(db, cfg.max_upload_bytes)
+    store = UploadStore(db, cfg.max_upload_bytes, cfg.max_uploads_total_bytes)
     writer = Writer(store).start()
     kwargs = {}
     if cfg.token is not None or cfg.basic_auth is not None:

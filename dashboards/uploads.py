@@ -11,6 +11,11 @@ or a server restart never loses a finished upload; on start the writer re-queues
 is not final. Status: queued → ingesting → attributing → attributed | unchanged | failed. The writer mirrors each
 status into the store's ``uploads`` table, which the jobs query reads (failed uploads show as failed jobs).
 
+A failed upload's bytes are removed (its manifest lines stay: name, size, sha256 and why it failed), and its
+message says what the person at the browser can do, not which CLI flag to pass. Everything under ``uploads/``
+together (stored files and uploads still arriving) is capped by ``max_total_bytes``; an upload that would pass
+it is refused with a message saying so.
+
 The writer is the only code in the server process that opens the store read-write; see ``data_store`` for the
 locking design.
 """
@@ -38,11 +43,39 @@ _NAME_OK = re.compile(r"[^A-Za-z0-9._+-]+")
 PARTIAL_FACTOR = 4  # .partial/ holds at most this many maximum-size uploads at once
 
 
+NAME_MAX = 200
+DEFAULT_MAX_TOTAL = 50 << 30   # everything under uploads/ together
+
+
 def safe_name(name: str) -> str:
-    """The base name of an uploaded file with anything odd replaced (no paths, no leading dots)."""
+    """The base name of an uploaded file with anything odd replaced (no paths, no leading dots); a name over
+    NAME_MAX characters keeps its suffix (what says which reader takes it) and loses the end of its stem."""
     base = Path(str(name).replace("\\", "/")).name
     base = _NAME_OK.sub("_", base).lstrip(".") or "upload"
-    return base[:200]
+    if len(base) <= NAME_MAX:
+        return base
+    low = base.lower()
+    suffix = next((x for x in sorted(UPLOAD_SUFFIXES, key=len, reverse=True) if low.endswith(x)),
+                  Path(base).suffix[:16])
+    return base[:NAME_MAX - len(suffix)] + base[len(base) - len(suffix):]
+
+
+# what a CLI flag in an ingest error asks for, said for the person uploading in the browser
+_CLI_ADVICE = [
+    (re.compile(r"\s*\(?\b(?:use|pass) --salvage\b[^);]*\)?"),
+     " (upload the complete file again; a file cut short can be kept up to its last complete event only from a "
+     "shell, with ninefold ingest --salvage)"),
+    (re.compile(r"\s*;?\s*\b(?:use|pass) --replace\b[^);]*"),
+     "; upload it under another job name, or ask the server's operator to replace it (ninefold ingest "
+     "--replace)"),
+]
+
+
+def web_advice(message: str) -> str:
+    """An ingest error with its CLI advice (--salvage, --replace) turned into what a web user can do."""
+    for pat, said in _CLI_ADVICE:
+        message = pat.sub(said, message, count=1)
+    return message
 
 
 def safe_job(job: str) -> str:
@@ -57,7 +90,7 @@ def _now() -> str:
 
 
 class UploadStore:
-    def __init__(self, db_path, max_bytes: int = 2 << 30):
+    def __init__(self, db_path, max_bytes: int = 2 << 30, max_total_bytes: int = DEFAULT_MAX_TOTAL):
         self.db_path = Path(db_path)
         self.root = self.db_path.resolve().parent / "uploads"
         self.partial = self.root / ".partial"
@@ -65,10 +98,17 @@ class UploadStore:
         self.max_bytes = int(max_bytes)
         # all uploads still arriving together: abandoned ones cannot fill the disk
         self.max_partial_bytes = PARTIAL_FACTOR * self.max_bytes
+        self.max_total_bytes = int(max_total_bytes)
         self.partial_bytes = 0
         self._lock = threading.Lock()
         self.partial.mkdir(parents=True, exist_ok=True)
         self.sweep_partials()
+        self.stored_bytes = self._stored_on_disk()
+
+    def _stored_on_disk(self) -> int:
+        """Bytes of the stored uploads (uploads/<sha256>/<name>), as found on disk."""
+        return sum(f.stat().st_size for d in self.root.iterdir() if d.is_dir() and d != self.partial
+                   for f in d.iterdir() if f.is_file())
 
     def sweep_partials(self) -> int:
         """Remove partial uploads of processes that no longer run (a killed or restarted server)."""
@@ -94,7 +134,36 @@ class UploadStore:
             if delta > 0 and self.partial_bytes + delta > self.max_partial_bytes:
                 raise NinefoldError(f"uploads in progress already hold {self.partial_bytes} bytes (limit "
                                     f"{self.max_partial_bytes}); try again when they finish")
+            if delta > 0 and self.stored_bytes + self.partial_bytes + delta > self.max_total_bytes:
+                raise NinefoldError(f"the uploads folder is full: it holds {self.stored_bytes} bytes of stored "
+                                    f"uploads and {self.partial_bytes} arriving, and this server keeps at most "
+                                    f"{self.max_total_bytes} (serve --max-uploads-total-bytes); ask its operator "
+                                    f"to remove old uploads from {self.root}")
             self.partial_bytes = max(self.partial_bytes + delta, 0)
+
+    def _stored(self, delta: int) -> None:
+        with self._lock:
+            self.stored_bytes = max(self.stored_bytes + delta, 0)
+
+    def discard(self, entry: dict) -> bool:
+        """Remove a failed upload's stored bytes unless another job's upload of the same bytes still uses
+        them; its manifest lines stay. True when the file was removed."""
+        sha = entry.get("sha256")
+        if any(e.get("sha256") == sha and e.get("job") != entry.get("job") and e.get("status") != "failed"
+               for e in self.entries()):
+            return False
+        f = self.path_for(sha, entry["name"])
+        try:
+            size = f.stat().st_size
+            f.unlink()
+        except FileNotFoundError:
+            return False
+        self._stored(-size)
+        try:
+            f.parent.rmdir()
+        except OSError:  # another name of the same bytes is still there
+            pass
+        return True
 
     # -------------------------------------------------------------- manifest
     def record(self, **entry) -> dict:
@@ -195,6 +264,7 @@ class ChunkWriter:
             self.tmp.unlink(missing_ok=True)  # same bytes already stored
         else:
             os.replace(self.tmp, dest)
+            self.store._stored(self.size)
         return self.store.record(sha256=sha, name=self.name, job=self.job, path=str(dest), bytes=self.size,
                                  status="queued", message="")
 
@@ -255,6 +325,8 @@ class Writer:
         self._pending -= 1
 
     def _status(self, con, e: dict, status: str, message: str = "") -> None:
+        if status == "failed":
+            message = web_advice(message)
         e = dict(e, status=status, message=message)
         self.store.record(sha256=e["sha256"], name=e["name"], job=e["job"], path=e["path"],
                           bytes=e.get("bytes"), status=status, message=message)
@@ -262,6 +334,8 @@ class Writer:
             con.execute("DELETE FROM uploads WHERE sha256 = ? AND job = ?", [e["sha256"], e["job"]])
             con.execute("INSERT INTO uploads VALUES (?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
                         [e["job"], e["sha256"], e["name"], e["path"], e.get("bytes"), status, message])
+        if status == "failed":
+            self.store.discard(e)
         if self.on_change:
             self.on_change(e)
 

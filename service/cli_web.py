@@ -8,6 +8,7 @@ import click
 from store.errors import NinefoldError
 
 DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB
+DEFAULT_MAX_UPLOADS_TOTAL = 50 << 30  # 50 GiB
 
 
 @click.command()
@@ -38,12 +39,15 @@ def report(db, job, out):
 @click.option("--basic-auth", "basic_auth", default=None, metavar="USER:PASS", help="require HTTP basic auth")
 @click.option("--max-upload-bytes", "max_upload", default=DEFAULT_MAX_UPLOAD, show_default=True, type=int,
               help="largest file the upload page accepts")
-def serve(db, host, port, token, basic_auth, max_upload):
+@click.option("--max-uploads-total-bytes", "max_total", default=DEFAULT_MAX_UPLOADS_TOTAL, show_default=True,
+              type=int, help="most bytes the uploads folder holds, stored and arriving together; an upload past "
+              "it is refused")
+def serve(db, host, port, token, basic_auth, max_upload, max_total):
     """Serve the dashboards and the upload page."""
     from dashboards.server import ServeConfig, check_config, run_server
 
     cfg = ServeConfig(db=db, host=host, port=port, token=token, basic_auth=basic_auth,
-                      max_upload_bytes=max_upload)
+                      max_upload_bytes=max_upload, max_uploads_total_bytes=max_total)
     try:
         check_config(cfg)
     except NinefoldError as e:

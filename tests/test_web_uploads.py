@@ -2,6 +2,7 @@
 import gzip
 import threading
 import time
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -225,3 +226,93 @@ def test_an_upload_meeting_a_locked_store_waits_and_lands(tmp_path, monkeypatch)
     _wait(w2)
     w2.stop()
     assert store.entries()[0]["status"] in ("attributed", "unchanged")
+
+
+def test_a_long_name_keeps_its_suffix_and_lands(tmp_path):
+    long = "rank-0-" + "x" * 300 + ".json.gz"
+    short = safe_name(long)
+    assert len(short) == 200 and short.endswith(".json.gz") and short.startswith("rank-0-xxx")
+    assert safe_name("a" * 250 + ".nsys-rep.sqlite").endswith(".nsys-rep.sqlite")
+    assert safe_name("a" * 250 + ".JSON").endswith(".JSON")
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db)
+    writer = Writer(store).start()
+    writer.submit(store.store_bytes(long, sample_files("dp4")[0].read_bytes(), "longname"))
+    _wait(writer)
+    last = store.entries()[-1]
+    assert last["status"] == "attributed" and last["name"] == short, last
+    writer.stop()
+
+
+def test_failed_uploads_say_what_to_do_in_the_browser_and_keep_no_bytes(tmp_path):
+    from sample_traces.generate import generate
+
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db)
+    writer = Writer(store).start()
+    # cut short: the reader's CLI advice (--salvage) becomes what the person uploading can do
+    good = gzip.decompress(sample_files("dp4")[0].read_bytes())
+    cut = store.store_bytes("rank-0.json", good[: len(good) // 2], "cut")
+    writer.submit(cut)
+    _wait(writer)
+    last = store.entries()[-1]
+    assert last["status"] == "failed" and "truncated" in last["message"], last
+    assert "upload the complete file again" in last["message"] and "use --salvage" not in last["message"]
+    # its bytes are gone, the record of the failure stays
+    assert not (tmp_path / "uploads" / cut["sha256"]).exists()
+    assert last["sha256"] == cut["sha256"] and last["bytes"] == len(good) // 2 and last["name"] == "rank-0.json"
+    assert store.stored_bytes == 0
+    # a second file for a rank the job already has: --replace becomes "another job name"
+    first = store.store_bytes("rank-0.json.gz", sample_files("dp4")[0].read_bytes(), "twice")
+    writer.submit(first)
+    _wait(writer)
+    generate(tmp_path / "other", ranks=2, steps=1, seed=3)
+    other = store.store_bytes("rank-0.json", (tmp_path / "other" / "rank-0.json").read_bytes(), "twice")
+    writer.submit(other)
+    _wait(writer)
+    by_sha = {e["sha256"]: e for e in store.entries()}
+    assert by_sha[first["sha256"]]["status"] == "attributed"
+    msg = by_sha[other["sha256"]]["message"]
+    assert by_sha[other["sha256"]]["status"] == "failed" and "upload it under another job name" in msg, msg
+    assert "pass --replace" not in msg
+    assert Path(first["path"]).exists() and not Path(other["path"]).exists()
+    assert store.stored_bytes == Path(first["path"]).stat().st_size
+    writer.stop()
+
+
+def test_a_failed_upload_of_bytes_another_job_uses_keeps_them(tmp_path):
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db)
+    data = sample_files("dp4")[1].read_bytes()
+    a = store.store_bytes("rank-1.json.gz", data, "a")
+    store.record(**dict(a, status="attributed"))
+    b = store.store_bytes("rank-1.json.gz", data, "b")
+    assert not store.discard(dict(b, status="failed")) and Path(a["path"]).exists()
+    store.record(**dict(a, status="failed"))
+    assert store.discard(dict(b, status="failed")) and not Path(a["path"]).exists()
+
+
+def test_the_uploads_folder_has_a_total_cap(tmp_path):
+    db = tmp_path / "s.duckdb"
+    store = UploadStore(db, max_bytes=10_000, max_total_bytes=25_000)
+    for i in range(2):
+        store.store_bytes(f"rank-{i}.json", bytes([i]) * 10_000, "j")
+    assert store.stored_bytes == 20_000
+    w = ChunkWriter(store, "rank-2.json", "j")
+    w.write(b"2" * 4_000)
+    with pytest.raises(NinefoldError, match=r"the uploads folder is full: it holds 20000 bytes of stored uploads "
+                                            r"and 4000 arriving, and this server keeps at most 25000 \(serve "
+                                            r"--max-uploads-total-bytes\)"):
+        w.write(b"2" * 4_000)
+    assert not list(store.partial.iterdir()) and store.partial_bytes == 0
+    # a restarted server counts what is on disk
+    store2 = UploadStore(db, max_bytes=10_000, max_total_bytes=25_000)
+    assert store2.stored_bytes == 20_000
+    with pytest.raises(NinefoldError, match="the uploads folder is full"):
+        store2.store_bytes("rank-3.json", b"3" * 6_000, "j")
+    first = store2.entries()[0]
+    assert store2.discard(dict(first, status="failed"))
+    store2.store_bytes("rank-3.json", b"3" * 6_000, "j")
+    assert store2.stored_bytes == 16_000
+    with pytest.raises(NinefoldError, match="--max-uploads-total-bytes"):
+        check_config(ServeConfig(db="x", max_upload_bytes=10, max_uploads_total_bytes=5))

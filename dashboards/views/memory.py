@@ -9,7 +9,7 @@ from bokeh.plotting import figure
 
 from dashboards import queries
 from dashboards.style import fmt_bytes, html_table, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 
 PLOT_NAME = "memory_stack"
 NO_MEASURED = "no memory events stored for this job (profile with profile_memory=True to see the measured peak)"
@@ -22,7 +22,7 @@ def load(con, job: str) -> dict:
 
 
 def render(data):
-    head = f"<h2 class='nf'>Memory: {data['job']}</h2>"
+    head = heading(2, f"Memory: {data['job']}")
     pred, meas = data["predicted"], data["measured"]
     notes = []
     if pred.height == 0:

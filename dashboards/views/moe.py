@@ -10,7 +10,7 @@ from bokeh.transform import dodge
 
 from dashboards import queries
 from dashboards.style import LEDGER_COLORS, PREDICTED_COLOR, fmt_bytes, fmt_ns, html_table, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 
 PLOT_NAME = "moe_ranks"
 
@@ -52,7 +52,7 @@ def ledgers_figure(led, slowest):
 
 
 def render(data):
-    head = f"<h2 class='nf'>MoE: {data['job']}</h2>"
+    head = heading(2, f"MoE: {data['job']}")
     ranks = data["ranks"]
     if data["slowest"] is None:
         return [div(head + note("no all-to-all collectives in this job: nothing to drill into"))]

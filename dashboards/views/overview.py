@@ -10,7 +10,7 @@ from analysis.cost_model.residual import HEADING as RESIDUAL_HEADING
 from analysis.ledgers import LEDGERS
 from dashboards import queries
 from dashboards.style import LEDGER_COLORS, PALETTE, PREDICTED_COLOR, esc, fmt_ns, html_table, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 
 PLOT_NAME = "overview_ledgers"
 
@@ -119,9 +119,9 @@ def render(data):
     ranks = data["ranks"]
     if ranks.height == 0:
         why = data.get("not_attributed") or queries.NOT_ATTRIBUTED
-        return [div(f"<h2 class='nf'>Overview: {esc(data['job'])}</h2>" + note(why, "warn"))]
+        return [div(heading(2, f"Overview: {data['job']}") + note(why, "warn"))]
     slow = ranks.row(0, named=True)
-    head = (f"<h2 class='nf'>Overview: {data['job']}</h2>"
+    head = (heading(2, f"Overview: {data['job']}")
             + note(f"{ranks.height} ranks; slowest rank {slow['rank']} at {fmt_ns(slow['step_ns'])} per step over "
                    f"{slow['n_steps']} steps"))
     out = [div(head), ledger_figure(ranks)]

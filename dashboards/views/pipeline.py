@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dashboards import queries
 from dashboards.style import fmt_ns, fmt_pct, html_table, ledger_legend_html, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 from dashboards.views.timeline import bars_figure
 
 PLOT_NAME = "pipeline_schedule"
@@ -16,7 +16,7 @@ def load(con, job: str, step: int | None = None) -> dict:
 
 
 def render(data):
-    head = f"<h2 class='nf'>Pipeline: {data['job']}</h2>"
+    head = heading(2, f"Pipeline: {data['job']}")
     if not data["p"]:
         return [div(head + note("no pipeline send/recv in this job"))]
     p, m = data["p"], data["m"]

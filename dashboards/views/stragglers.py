@@ -9,7 +9,7 @@ from bokeh.plotting import figure
 
 from dashboards import queries
 from dashboards.style import fmt_ns, html_table, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 
 PLOT_NAME = "straggler_heatmap"
 
@@ -53,7 +53,7 @@ def ranks_html(data) -> str:
 
 
 def render(data):
-    head = f"<h2 class='nf'>Stragglers: {data['job']}</h2>"
+    head = heading(2, f"Stragglers: {data['job']}")
     mx = data["matrix"]
     if mx.height == 0:
         return [div(head + note("no collective other than point-to-point send/recv matched across ranks (by "

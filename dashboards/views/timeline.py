@@ -7,7 +7,7 @@ from bokeh.plotting import figure
 
 from dashboards import queries
 from dashboards.style import LEDGER_COLORS, fmt_ns, ledger_legend_html, note
-from dashboards.views._common import div
+from dashboards.views._common import div, heading
 
 PLOT_NAME = "timeline"
 MAX_ROWS = 20_000
@@ -74,7 +74,7 @@ def bars_figure(bars, title: str, height: int | None = None, name: str = PLOT_NA
 
 def render(data):
     bars = data["bars"]
-    head = f"<h2 class='nf'>Timeline: {data['job']} step {data['step']}</h2>"
+    head = heading(2, f"Timeline: {data['job']} step {data['step']}")
     if bars.height == 0:
         return [div(head + note(queries.NOT_ATTRIBUTED, "warn"))]
     span = int(bars["end_ns"].max())
