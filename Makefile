@@ -12,7 +12,7 @@ $(BIN)/ninefold: pyproject.toml
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench chromium
+.PHONY: demo test lint bench chromium
 chromium:
 ifeq ($(CHROMIUM),)
 	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium
@@ -28,6 +28,10 @@ demo: $(BIN)/ninefold
 	$(BIN)/ninefold compare --db demo_out/ninefold.duckdb --job sample_job --config sample_traces/configs/dp4.toml
 	$(BIN)/ninefold report --db demo_out/ninefold.duckdb --job sample_job --out demo_out/report.html
 	@echo "report: demo_out/report.html   (dashboards: $(BIN)/ninefold serve --db demo_out/ninefold.duckdb)"
+
+lint: $(BIN)/ninefold
+	$(BIN)/ruff check ninefold tests bench sample_traces
+	$(BIN)/mypy
 
 test: $(BIN)/ninefold chromium
 	$(BIN)/python -m pytest -q

@@ -54,8 +54,8 @@ def build(con, n_ops, ranks):
 
 def child(db, threads):
     """Attribute job 'b' of DB with THREADS threads; print the result as one JSON line."""
-    from analysis.attribution import attribute_job
-    from store.connection import connect
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.store.connection import connect
 
     con = connect(db)
     con.execute(f"SET threads = {threads}")
@@ -85,7 +85,7 @@ def main():
     a = ap.parse_args()
     if a.child:
         return child(a.child, int(a.threads))
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     sizes = [int(float(s)) for s in a.sizes.split(",")]
     threads = [int(t) for t in a.threads.split(",")]

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb  # noqa: E402
 
-from analysis.attribution import attribute_job  # noqa: E402
-from ingest.load import ingest_paths  # noqa: E402
+from ninefold.analysis.attribution.attribute import attribute_job  # noqa: E402
+from ninefold.ingest.load import ingest_paths  # noqa: E402
 from sample_traces.generate import generate  # noqa: E402
-from service.batch import run_batch  # noqa: E402
-from store.connection import connect  # noqa: E402
+from ninefold.batch.nightly import run_batch  # noqa: E402
+from ninefold.store.connection import connect  # noqa: E402
 
 TABLES = ["traces", "gpu_ops", "host_ops", "collectives", "steps", "flows", "ledger_intervals", "step_windows"]
 

@@ -36,7 +36,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         generate([str(d / "job")])
-        cli = [sys.executable, "-m", "service.cli"]
+        cli = [sys.executable, "-m", "ninefold.cli.main"]
         db = d / "store.duckdb"
         timed(cli + ["ingest", str(d / "job"), "--db", str(db), "--quiet"], dict(os.environ))
         print(f"{'run':>3s} {'cold_s':>7s} {'warm_s':>7s} {'compile_s':>9s} {'cold/warm':>9s}")

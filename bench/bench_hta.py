@@ -54,9 +54,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     py = hta_python()
-    from analysis.attribution import attribute_job
-    from ingest.load import ingest_paths
-    from store.connection import connect
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import ingest_paths
+    from ninefold.store.connection import connect
 
     with tempfile.TemporaryDirectory() as d:
         job = Path(d) / "job"

@@ -3,7 +3,7 @@
     python bench/bench_ingest.py [--mb 520] [--keep DIR] [--ranks 16 --rank-mb 40]
 
 Each measurement runs in its own child process so peak RSS (ru_maxrss) is that of the work alone.
-Prints MB/s, the ratios the targets are stated in and where ingest's time goes (ingest.load.STAGES: read =
+Prints MB/s, the ratios the targets are stated in and where ingest's time goes (ninefold.ingest.load.STAGES: read =
 hash, locate and copy out the event array; parse = the JSON reader; build = the SQL that builds the stored
 tables; write = the commit). With --ranks N it then does the same for a directory of N generated rank files
 ingested as `ninefold ingest DIR` does (against json.load of each file in turn; RSS against the largest file).
@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = {
-    "ingest": "import ingest.load as L; from store.connection import connect; L.STAGES = {}; "
+    "ingest": "import ninefold.ingest.load as L; from ninefold.store.connection import connect; L.STAGES = {}; "
               "con = connect(sys.argv[2]); r = L.load_kineto(con, sys.argv[1], 'bench', rank=0); "
               "assert r.status == 'stored', r",
-    "ingest_dir": "import ingest.load as L; from store.connection import connect; L.STAGES = {}; "
+    "ingest_dir": "import ninefold.ingest.load as L; from ninefold.store.connection import connect; L.STAGES = {}; "
                   "con = connect(sys.argv[2]); rs = L.ingest_paths(con, [sys.argv[1]], job='bench'); "
                   "assert rs and all(r.status in ('stored', 'skipped') for r in rs), rs",
     "json_load": "import json; json.load(open(sys.argv[1], 'rb'))",
@@ -37,7 +37,7 @@ def run_child(kind, *args):
     """(wall seconds, peak RSS bytes, stage seconds) of one measurement in a fresh process."""
     code = f"import sys, time, resource, json; t = time.perf_counter(); {CHILD[kind]}; " \
            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); " \
-           "import ingest.load as L; print(json.dumps(L.STAGES or {}))" if kind.startswith("ingest") else \
+           "import ninefold.ingest.load as L; print(json.dumps(L.STAGES or {}))" if kind.startswith("ingest") else \
            f"import sys, time, resource; t = time.perf_counter(); {CHILD[kind]}; " \
            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); print('{}')"
     lines = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, check=True,

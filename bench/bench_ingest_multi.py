@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ingest.load as load  # noqa: E402
+import ninefold.ingest.load as load  # noqa: E402
 from sample_traces.generate import generate  # noqa: E402
-from store.connection import connect  # noqa: E402
+from ninefold.store.connection import connect  # noqa: E402
 
 
 def run(files, work, tag, limit):

@@ -83,7 +83,7 @@ def make_export(path: Path, template: Path, n_kernels: int, procs: int = 2, step
     db.close()
 
 
-# the columns the ingest reads (ingest.nsys_read._read_all), table by table, where the file has them
+# the columns the ingest reads (ninefold.ingest.nsys_read._read_all), table by table, where the file has them
 GPU_COLS = ["start", "end", "globalPid", "deviceId", "streamId", "correlationId"]
 API_COLS = ["start", "end", "globalTid", "correlationId", "nameId", "returnValue", "eventClass", "name"]
 READS = [("CUPTI_ACTIVITY_KIND_KERNEL", GPU_COLS + ["demangledName", "shortName", "name"]),
@@ -118,8 +118,8 @@ def main(argv=None) -> None:
     ap.add_argument("--keep", type=Path, default=None, help="build the files in this directory and keep them")
     a = ap.parse_args(argv)
 
-    from ingest.nsys import load
-    from store.connection import connect
+    from ninefold.ingest.nsys import load
+    from ninefold.store.connection import connect
 
     work = a.keep or Path(tempfile.mkdtemp(prefix="bench_nsys_"))
     work.mkdir(parents=True, exist_ok=True)

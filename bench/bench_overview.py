@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bokeh.embed import json_item  # noqa: E402
 
-from analysis.attribution import DDL  # noqa: E402
-from analysis.ledgers import LEDGERS  # noqa: E402
-from dashboards import queries  # noqa: E402
-from dashboards.views.overview import ledger_figure  # noqa: E402
-from store.connection import connect  # noqa: E402
+from ninefold.analysis.attribution.attribute import DDL  # noqa: E402
+from ninefold.analysis.ledgers import LEDGERS  # noqa: E402
+from ninefold.dashboards import queries  # noqa: E402
+from ninefold.dashboards.views.overview import ledger_figure  # noqa: E402
+from ninefold.store.connection import connect  # noqa: E402
 
 
 def build(con, ranks: int, steps: int) -> None:

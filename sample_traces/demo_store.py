@@ -19,10 +19,10 @@ def build_demo_store(db_path, work_dir, jobs=("dp4", "pp4_1f1b", "moe4")) -> dic
     """Ingest + attribute the demo jobs into DB_PATH; returns {job: ground truth dict}."""
     import json
 
-    from analysis.attribution import attribute_job
-    from ingest.load import ingest_paths
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.moe import generate_moe
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     work = Path(work_dir)
     truth = {}
@@ -43,8 +43,8 @@ def build_demo_store(db_path, work_dir, jobs=("dp4", "pp4_1f1b", "moe4")) -> dic
             attribute_job(con, job)
             cfg = SAMPLES / "configs" / f"{job}.toml"
             if cfg.exists():  # measured vs predicted, as `make demo` shows it
-                from analysis.cost_model import compare as cmp
-                from analysis.cost_model.predict import predict_file
+                from ninefold.analysis.cost_model import compare as cmp
+                from ninefold.analysis.cost_model.predict import predict_file
 
                 cmp.store(con, job, predict_file(cfg, con, job))
     finally:

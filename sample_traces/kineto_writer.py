@@ -1,16 +1,14 @@
 """The Kineto rank-file writer shared by the sample generators: constants of a realistic H100 job (kernel
 names, streams, latencies), RankTrace (one rank's CPU and GPU events, one per line, with ``ts``/``dur`` and
-string literals from ``analysis.chrome_trace``, the project's one Chrome-trace text writer), and the header,
+string literals from ``ninefold.analysis.chrome_trace``, the project's one Chrome-trace text writer), and the header,
 metadata and footer of a rank file."""
 from __future__ import annotations
 
-import argparse
 import gzip as _gzip
 import json
-import random
 from pathlib import Path
 
-from analysis.chrome_trace import fmt_us, json_str as _j
+from ninefold.analysis.chrome_trace import fmt_us, json_str as _j
 
 BASE_TIME_NS = 1735689600000000000
 TRUE_START_REL_NS = 2_000_000_000  # first step starts 2 s after baseTimeNanoseconds (true clock)

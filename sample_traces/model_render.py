@@ -10,7 +10,7 @@ from .generate import (FIRST_STEP, FUSED_ADAM, GEMM_H100, LAUNCH_LAT_NS, NCCL_AL
                                     NCCL_SENDRECV, TRUE_START_REL_NS, RankTrace, _TAILS, footer_text, header_text,
                                     metadata_lines, open_out)
 
-from analysis.cost_model.timeline import P2P, STREAM_COMPUTE, STREAM_DP, STREAM_EP, STREAM_RECV_B, STREAM_RECV_F, STREAM_SEND_B, \
+from ninefold.analysis.cost_model.timeline import P2P, STREAM_COMPUTE, STREAM_DP, STREAM_EP, STREAM_RECV_B, STREAM_RECV_F, STREAM_SEND_B, \
     STREAM_SEND_F, STREAM_TP, groups
 
 COMM_KERNELS = {

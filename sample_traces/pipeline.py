@@ -20,7 +20,7 @@ import json
 import random
 from pathlib import Path
 
-from analysis.cost_model.pipeline import simulate
+from ninefold.analysis.cost_model.pipeline import simulate
 
 from .generate import (BASE_TIME_NS, COMPUTE_STREAM, FIRST_STEP, GEMM_AMPERE, GEMM_H100, FLASH_FWD,
                        LAUNCH_LAT_NS, NCCL_SENDRECV, ELEM_ADD, RankTrace, _TAILS, clock_offsets,

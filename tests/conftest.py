@@ -44,7 +44,7 @@ def offline(page) -> tuple[list, list]:
 
 @pytest.fixture
 def db(tmp_path):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     con = connect(tmp_path / "t.duckdb")
     yield con
@@ -73,7 +73,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(autouse=True)
 def _reference_ledgers(request, monkeypatch):
-    import analysis.attribution as attribution
+    import ninefold.analysis.attribution.attribute as attribution
     from tests import reference_totals
 
     core = attribution._attribute

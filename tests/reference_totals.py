@@ -2,7 +2,7 @@
 
 The conftest wraps the attribution core: after each run it computes a content key of what the core reads
 (GPU ops, host ops, collectives, steps, traces' rank metadata, the user's patterns) and of the kernel-name rules
-that turn names into families (analysis.classify.RULES_VERSION, the key's ``-r<N>`` suffix), and the job's results
+that turn names into families (ninefold.analysis.classify.RULES_VERSION, the key's ``-r<N>`` suffix), and the job's results
 (step windows and the nine totals of each). With NINEFOLD_RECORD_REFERENCE=1 the results are recorded under
 that key in tests/reference/ledger_totals.json.gz; otherwise a run whose key is recorded must reproduce the
 recorded windows and totals to the nanosecond, or the attribution call fails naming the difference.
@@ -32,7 +32,7 @@ INPUT_COLUMNS = {
 def input_key(con, job: str, recompute_pattern, io_pattern) -> str:
     """The digest of JOB's attribution inputs, suffixed with the kernel-rules version (-r<N>): the same trace read
     under other rules may charge a kernel to another ledger."""
-    from analysis.classify import RULES_VERSION
+    from ninefold.analysis.classify import RULES_VERSION
 
     parts = [repr((recompute_pattern, io_pattern))]
     for t, cols in INPUT_COLUMNS.items():
@@ -44,7 +44,7 @@ def input_key(con, job: str, recompute_pattern, io_pattern) -> str:
 
 def results(con, job: str) -> dict:
     """Step windows and, per window, the nine ledgers' ns in LEDGERS order."""
-    from analysis.ledgers import LEDGERS
+    from ninefold.analysis.ledgers import LEDGERS
 
     wins = con.execute("SELECT rank, step, start_ns, end_ns FROM step_windows WHERE job = ? "
                        "ORDER BY rank, step, start_ns", [job]).fetchall()
@@ -71,7 +71,7 @@ def save(ref: dict) -> None:
 
 def compare(want: dict, got: dict) -> str | None:
     """None when equal, else a one-line account of the first difference."""
-    from analysis.ledgers import LEDGERS
+    from ninefold.analysis.ledgers import LEDGERS
 
     if want["windows"] != got["windows"]:
         for a, b in zip(want["windows"], got["windows"]):

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis.align_kernels import (dense_rank_rows, distinct_members, group_max, group_min, group_order,
+from ninefold.analysis.attribution.align_kernels import (dense_rank_rows, distinct_members, group_max, group_min, group_order,
                                     group_spread, string_ranks)
 
 I64 = np.iinfo(np.int64)
@@ -75,7 +75,7 @@ def test_dense_rank_matches_sql(scale):
 
 @pytest.mark.parametrize("span", [1, 50, 5000, 10 ** 12])
 def test_dense_rank_matches_numpy_unique(span):
-    from analysis.align_kernels import dense_rank
+    from ninefold.analysis.attribution.align_kernels import dense_rank
 
     key = np.random.default_rng(span).integers(-span, span, 3000)
     assert np.array_equal(dense_rank(key), np.unique(key, return_inverse=True)[1].ravel())
@@ -112,7 +112,7 @@ def _estimate_offsets_numpy(gm, rm_, em, G, R):
 
 @pytest.mark.parametrize("seed,G,R", [(0, 1, 2), (1, 7, 3), (2, 40, 5), (3, 300, 8), (4, 25, 6)])
 def test_offset_estimate_matches_numpy_medians(seed, G, R):
-    from analysis.alignment import _estimate_offsets
+    from ninefold.analysis.attribution.alignment import _estimate_offsets
 
     rng = np.random.default_rng(seed)
     # members of each collective: a random subset of ranks (even and odd counts); one rank may have none
@@ -132,7 +132,7 @@ def test_offset_estimate_matches_numpy_medians(seed, G, R):
 def test_group_medians_match_numpy(seed):
     """Groups of 1 to 700 members (the selection's short and long paths), with runs of equal values, sorted and
     reversed runs, halves, and values past 2^53 (the median of the rounded values): np.median's answer each time."""
-    from analysis.alignment import _group_medians
+    from ninefold.analysis.attribution.alignment import _group_medians
 
     rng = np.random.default_rng(seed)
     sizes = [0, 1, 2, 3, 16, 17, 18, 64, 65, 200, 701, 700]
@@ -154,7 +154,7 @@ def test_group_medians_match_numpy(seed):
     v = np.concatenate(vals)
     perm = rng.permutation(v.size)              # members of a group are not contiguous
     g, v = g[perm], v[perm]
-    from analysis.align_kernels import group_order
+    from ninefold.analysis.attribution.align_kernels import group_order
 
     o, _, edges = group_order(g, len(sizes))
     got = _group_medians(o, edges, v)

@@ -1,4 +1,4 @@
-"""store.connection.append_arrow: rows appended in the table's column order, the job filled in on every row, and
+"""ninefold.store.connection.append_arrow: rows appended in the table's column order, the job filled in on every row, and
 nothing kept alive inside the transaction (a registered Arrow table is held by DuckDB until the commit, which held
 every group's intervals of a large attribution in memory at once)."""
 import gc
@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
-from store.connection import append_arrow, connect
+from ninefold.store.connection import append_arrow, connect
 
 
 def test_rows_and_job_land_in_order(tmp_path):

@@ -1,4 +1,4 @@
-"""store.arrays: numpy <-> Arrow over the buffers, equal to pyarrow's own conversions; and ingest and attribution
+"""ninefold.store.arrays: numpy <-> Arrow over the buffers, equal to pyarrow's own conversions; and ingest and attribution
 that never import pandas (pyarrow's conversions would, ~0.2 s a process)."""
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from store.arrays import batch, filled, from_numpy, strings, table, to_numpy, values
+from ninefold.store.arrays import batch, filled, from_numpy, strings, table, to_numpy, values
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
@@ -72,11 +72,11 @@ def test_strings_and_errors():
 
 
 def _ingest_imports_pandas(tmp_path, trace, attribute=False) -> str:
-    code = ("import sys, ingest.load as L; from store.connection import connect; "
+    code = ("import sys, ninefold.ingest.load as L; from ninefold.store.connection import connect; "
             f"con = connect({str(tmp_path / 'p.duckdb')!r}); "
             f"rs = L.ingest_paths(con, [{str(trace)!r}], job='j'); "
             "assert rs and all(r.status in ('stored', 'skipped') for r in rs), rs; "
-            + ("from analysis.attribution import attribute_job; attribute_job(con, 'j'); " if attribute else "")
+            + ("from ninefold.analysis.attribution.attribute import attribute_job; attribute_job(con, 'j'); " if attribute else "")
             + "print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

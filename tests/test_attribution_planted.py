@@ -1,11 +1,11 @@
 """Planted ground truth from the sample generator: each ledger finds exactly what was planted."""
 import pytest
 
-from analysis.attribution import attribute_job
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import generate
 from sample_traces.pipeline import generate_1f1b
-from store.connection import connect
+from ninefold.store.connection import connect
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_ledgers_csv_cli(job, tmp_path):
     con.execute("CREATE TABLE cp.ledger_totals AS SELECT * FROM ledger_totals")
     con.execute("DETACH cp")
     con.execute("CHECKPOINT")
-    r = subprocess.run([sys.executable, "-m", "service.cli", "ledgers", "--db", path, "--job", "dp", "--format", "csv"],
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ledgers", "--db", path, "--job", "dp", "--format", "csv"],
                        capture_output=True, text=True)
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "rank,step,ledger,ns"
@@ -227,7 +227,7 @@ def test_user_patterns_mark_recompute_and_io_regions(job, tmp_path):
     q = "SELECT coalesce(sum(ns), 0) FROM ledger_totals WHERE job = 'dp' AND ledger = ?"
     assert c2.execute(q, ["recompute"]).fetchone()[0] == 0 and c2.execute(q, ["io"]).fetchone()[0] == 0
     c2.close()
-    cmd = [sys.executable, "-m", "service.cli", "attribute", "--db", str(db), "--job", "dp"]
+    cmd = [sys.executable, "-m", "ninefold.cli.main", "attribute", "--db", str(db), "--job", "dp"]
     r = subprocess.run(cmd + ["--recompute-pattern", "^my_recompute", "--io-pattern", "^fetch_batch"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -276,7 +276,7 @@ def test_breakdown_cli(job, tmp_path):
     for t in ("jobs", "ledger_totals", "ledger_intervals", "kernel_classes", "pg_axes", "collectives", "step_windows"):
         con.execute(f"CREATE TABLE cp.{t} AS SELECT * FROM {t}")
     con.execute("DETACH cp")
-    r = subprocess.run([sys.executable, "-m", "service.cli", "breakdown", "--db", path, "--job", "dp", "--top", "100",
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "breakdown", "--db", path, "--job", "dp", "--top", "100",
                         "--format", "json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
@@ -286,6 +286,6 @@ def test_breakdown_cli(job, tmp_path):
     n = con.execute("SELECT count(*) FROM step_windows WHERE job = 'dp'").fetchone()[0]
     want = con.execute("SELECT sum(ns) FROM ledger_totals WHERE job = 'dp' AND ledger = 'straggler'").fetchone()[0]
     assert abs(strag[0]["ns_per_rank_step"] - want / n) <= 1
-    r = subprocess.run([sys.executable, "-m", "service.cli", "breakdown", "--db", path, "--job", "nope"],
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "breakdown", "--db", path, "--job", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and f"error: job 'nope' is not in the store {path} (jobs: " in r.stderr

@@ -4,9 +4,9 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from analysis.attribution import attribute_job
-from analysis.ledgers import LEDGERS
-from store.connection import connect
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.store.connection import connect
 
 KERNELS = ["sm90_xmma_gemm_bf16", "flash_fwd_kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "vectorized_elementwise"]
 

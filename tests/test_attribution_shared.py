@@ -1,11 +1,11 @@
 """Attribution on real GPU traces of the shared corpus: conservation and the compute-busy identity."""
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.classify import classify_kernel
-from analysis.intervals import union
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.classify import classify_kernel
+from ninefold.analysis.intervals import union
 from conftest import SHARED_TRACES, needs_shared
-from ingest.load import load_kineto
+from ninefold.ingest.load import load_kineto
 
 pytestmark = needs_shared
 

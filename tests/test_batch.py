@@ -8,14 +8,14 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from analysis.attribution import attribute_job
-from analysis.ledgers import LEDGERS
-from dashboards.style import esc
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.dashboards.style import esc
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import generate
 from sample_traces.pipeline import generate_1f1b
-from service.cli import cli
-from store.connection import connect
+from ninefold.cli.main import cli
+from ninefold.store.connection import connect
 from tests.test_batch_index import index_text, index_texts, trend_lines
 
 CHECKED = ["traces", "gpu_ops", "host_ops", "collectives", "steps", "flows", "diagnostics",

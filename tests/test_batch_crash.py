@@ -9,11 +9,11 @@ from pathlib import Path
 import duckdb
 import psutil
 
-from analysis.attribution import attribute_job
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import generate
-from service.batch import EXIT_OK, run_batch
-from store.connection import connect
+from ninefold.batch.nightly import EXIT_OK, run_batch
+from ninefold.store.connection import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ["traces", "gpu_ops", "host_ops", "collectives", "steps", "flows", "diagnostics",
@@ -46,7 +46,7 @@ def test_killed_worker_then_driver_then_rerun(tmp_path):
         (root / job / "ground_truth.json").unlink()
     db, reports = tmp_path / "store" / "catalog.duckdb", tmp_path / "reports"
     out = open(tmp_path / "driver.out", "w")
-    driver = subprocess.Popen([sys.executable, "-m", "service.cli", "batch", str(root), "--db", str(db),
+    driver = subprocess.Popen([sys.executable, "-m", "ninefold.cli.main", "batch", str(root), "--db", str(db),
                                "--reports", str(reports), "--workers", "2", "--night", "n1"],
                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     started: set[int] = set()
@@ -147,7 +147,7 @@ def _final_checks(db: Path, work: Path) -> None:
 
 
 def _driver(root, db, reports, env):
-    p = subprocess.Popen([sys.executable, "-m", "service.cli", "batch", str(root), "--db", str(db),
+    p = subprocess.Popen([sys.executable, "-m", "ninefold.cli.main", "batch", str(root), "--db", str(db),
                           "--reports", str(reports), "--scheduler", "serial", "--night", "n2"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = p.stdout.readline()      # the driver has discovered the jobs and opened the catalog

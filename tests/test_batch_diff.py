@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis.ledgers import LEDGERS
+from ninefold.analysis.ledgers import LEDGERS
 from sample_traces.generate import generate
 from tests.test_batch_index import index_text, run_night as _run, trend_lines
 

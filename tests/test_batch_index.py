@@ -14,10 +14,10 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from analysis.ledgers import LEDGERS
+from ninefold.analysis.ledgers import LEDGERS
 from conftest import CHROMIUM, CHROMIUM_ARGS, offline
 from sample_traces.generate import generate
-from service.cli import cli
+from ninefold.cli.main import cli
 
 STEPS = 12
 
@@ -223,8 +223,8 @@ def test_a_failed_job_shows_its_error_a_gap_and_its_last_successful_rows(batch):
 
 
 def test_lost_kernels_without_efficiency_is_an_empty_list_with_the_reason():
-    from service.batch_tasks import lost_kernels
-    from store.schema import create_all
+    from ninefold.batch.tasks import lost_kernels
+    from ninefold.store.schema import create_all
 
     con = duckdb.connect()
     create_all(con)

@@ -1,4 +1,4 @@
-"""The kernel-name rule table (analysis/classify.py) on real kernel names, with the (family, class) each must get.
+"""The kernel-name rule table (ninefold/analysis/classify.py) on real kernel names, with the (family, class) each must get.
 A name seen in a public trace (the shared corpus, DeepSeek's profile-data train.json, issues) is written as seen
 (some long parameter lists cut after the part the rules read);
 a name read from the source that defines the kernel (reference/kernels.md gives the source of each) is the
@@ -6,7 +6,7 @@ kernel's name, with the template arguments the demangler would print where a rul
 two-shot all-reduce turned reduce-scatter by its fourth argument)."""
 import pytest
 
-from analysis.classify import RULES, classes_of, classify_kernel, rule_of
+from ninefold.analysis.classify import RULES, classes_of, classify_kernel, rule_of
 
 # DeepSeek-V3 training rank (deepseek-ai/profile-data train.json), verbatim
 DS_COMBINE = ("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*, bool "

@@ -1,4 +1,4 @@
-"""analysis.core.collective_keys gives what the SQL aggregate it replaced gives: one key per (rank, start, kernel)
+"""ninefold.analysis.attribution.core.collective_keys gives what the SQL aggregate it replaced gives: one key per (rank, start, kernel)
 with the group of the lowest (seq, group) row (missing seq last, rows without a group skipped), the lowest seq and
 p2p unless a row of another type says otherwise; drawn with NULLs, ties and rows in any order, and on every
 shared trace whose collectives carry process groups."""
@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from analysis.alignment import P2P_COLLS
-from analysis.core import collective_keys
+from ninefold.analysis.attribution.alignment import P2P_COLLS
+from ninefold.analysis.attribution.core import collective_keys
 from conftest import SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
 
 # the aggregate read_group ran before the keys were reduced in one compiled pass
 SQL = f"""

@@ -9,7 +9,7 @@ import threading
 from conftest import ROOT
 from sample_traces.alltoall2023 import generate_a2a
 
-CLI = [sys.executable, "-m", "service.cli", "--wait", "120"]
+CLI = [sys.executable, "-m", "ninefold.cli.main", "--wait", "120"]
 
 
 def _run(*args):

@@ -4,14 +4,14 @@ all-to-all kernel time of the collectives `waits` reads, breakdown names collect
 `inspect` counts the communication kernels attribution charges as communication."""
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.inspect import inspect_store
-from analysis.waits import is_all_to_all, waits
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.inspect import inspect_store
+from ninefold.analysis.waits import is_all_to_all, waits
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from dashboards import queries
-from dashboards.views import stragglers as stragglers_view
-from ingest.load import load_kineto
-from store.connection import connect
+from ninefold.dashboards import queries
+from ninefold.dashboards.views import stragglers as stragglers_view
+from ninefold.ingest.load import load_kineto
+from ninefold.store.connection import connect
 
 SAMPLES = ROOT / "sample_traces"
 

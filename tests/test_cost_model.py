@@ -1,18 +1,17 @@
 """Cost model formulas against hand-computed values, calibration fits, configuration errors, trace inference."""
 import gzip
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
-from analysis.cost_model import calibrate, collectives as C, memory as M, moe, pipeline as PL
-from analysis.cost_model.compute import flops_per_token
-from analysis.cost_model.config import ConfigError, load_config, resolve
-from analysis.cost_model.hardware import Link, hardware, load_presets, preset_for_device
-from analysis.cost_model.timeline import StepPlan, step_ledgers
+from ninefold.analysis.cost_model import calibrate, collectives as C, memory as M, moe, pipeline as PL
+from ninefold.analysis.cost_model.compute import flops_per_token
+from ninefold.analysis.cost_model.config import ConfigError, load_config, resolve
+from ninefold.analysis.cost_model.hardware import Link, hardware, load_presets, preset_for_device
+from ninefold.analysis.cost_model.timeline import StepPlan, step_ledgers
 from tests.conftest import SHARED_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,7 +180,7 @@ def test_fit_from_nccl_tests_table_shape():
 def test_fit_from_generated_trace_excludes_straggler_wait(db):
     """dp4 plants a 2 ms late arrival in one step; the transfer part (last arrival → end) is the same in every
     step, so the fitted model reproduces the generator's transfer time."""
-    from ingest.load import ingest_paths
+    from ninefold.ingest.load import ingest_paths
 
     ingest_paths(db, [str(ROOT / "sample_traces" / "dp4")], job="dp4")
     gt = json.loads((ROOT / "sample_traces" / "dp4" / "ground_truth.json").read_text())
@@ -203,7 +202,7 @@ def test_gemm_flops_shapes():
 def test_gemm_achieved_on_real_trace(db):
     """A real MI300X torch.compile trace: aten::mm ops with Input Dims, kernels linked by External id. The
     figure is recomputed here straight from the JSON."""
-    from ingest.load import ingest_paths
+    from ninefold.ingest.load import ingest_paths
 
     path = SHARED_TRACES / "tracelens" / "traces" / "torch_compile_triton" / "trace.json.gz"
     r = ingest_paths(db, [str(path)], job="tc", rank=0)
@@ -250,8 +249,8 @@ def test_required_shape_missing(tmp_path):
 
 
 def test_inference_from_shipped_samples(db):
-    from analysis.cost_model.infer import infer
-    from ingest.load import ingest_paths
+    from ninefold.analysis.cost_model.infer import infer
+    from ninefold.ingest.load import ingest_paths
 
     ingest_paths(db, [str(ROOT / "sample_traces" / "dp4"), str(ROOT / "sample_traces" / "pp4_1f1b")])
     f = infer(db, "dp4")
@@ -268,9 +267,9 @@ def test_inference_from_shipped_samples(db):
 def test_expert_loads_from_measured_split_sizes(tmp_path, db):
     """The generated MoE job routes 3x the tokens to one rank: the loads come from the dispatch all-to-alls'
     "Out split size" (first of each dispatch/combine pair), and every other rank waits for that rank."""
-    from analysis.cost_model.infer import infer
-    from analysis.cost_model.predict import predict
-    from ingest.load import ingest_paths
+    from ninefold.analysis.cost_model.infer import infer
+    from ninefold.analysis.cost_model.predict import predict
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.moe import generate_moe
 
     gt = generate_moe(tmp_path / "moe", ranks=4, steps=2, layers=3, overloaded=2, overload=3.0)
@@ -299,7 +298,7 @@ def test_expert_loads_from_measured_split_sizes(tmp_path, db):
 def test_fit_from_real_nccl_tests_log(db):
     """A real all_reduce_perf run (2 ranks, 8 MB .. 8 GB) ingested by the nccl-tests loader: the relative
     least-squares fit follows every out-of-place row within 15% and its β is the large-message bus bandwidth."""
-    from ingest import nccl_tests
+    from ninefold.ingest import nccl_tests
 
     path = SHARED_TRACES / "nccl_logs_repo" / "Timez-zx_nccl-tests" / "nccl.log"
     nccl_tests.load(db, path, "nt")

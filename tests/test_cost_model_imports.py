@@ -3,7 +3,7 @@ config and memory, in particular, share params.py instead of importing each othe
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "analysis" / "cost_model"
+PKG = Path(__file__).resolve().parents[1] / "ninefold" / "analysis" / "cost_model"
 
 
 def graph() -> dict:
@@ -17,8 +17,8 @@ def graph() -> dict:
                     deps.add(node.module.split(".")[0])
                 elif node.level == 1:
                     deps.update(a.name for a in node.names)
-                elif node.module and node.module.startswith("analysis.cost_model."):
-                    deps.add(node.module.split(".")[2])
+                elif node.module and node.module.startswith("ninefold.analysis.cost_model."):
+                    deps.add(node.module.split(".")[3])
         out[m] = deps & mods
     return out
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analysis.attribution import attribute_job
-from analysis.cost_model.predict import predict_file
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.cost_model.predict import predict_file
 from sample_traces.model_render import render
-from analysis.ledgers import LEDGERS
-from ingest.load import ingest_paths
-from service.cli import cli
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.ingest.load import ingest_paths
+from ninefold.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "sample_traces" / "configs"
@@ -109,7 +109,7 @@ def test_round_trip_moe_tp_recompute(tmp_path, db):
 
 @pytest.fixture
 def sample_db(tmp_path):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     db = tmp_path / "s.duckdb"
     con = connect(db)
@@ -121,7 +121,7 @@ def sample_db(tmp_path):
 
 @pytest.mark.parametrize("job, config", [("dp4", "dp4.toml"), ("pp4_1f1b", "pp4_1f1b.toml")])
 def test_compare_on_shipped_samples(sample_db, job, config):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     path = CONFIGS / config
     r = CliRunner().invoke(cli, ["compare", "--db", str(sample_db), "--job", job, "--config", str(path)])

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.critical_path import CriticalPathError, critical_path
-from analysis.whatif import WhatIfError, rank_removals, whatif
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.critical_path import CriticalPathError, critical_path
+from ninefold.analysis.whatif import WhatIfError, rank_removals, whatif
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
 from path_ledgers import assert_path_within_ledgers
 from sample_traces.generate import generate
-from store.connection import connect
+from ninefold.store.connection import connect
 
 JOBS = {  # name: generator options (seed 0, 4 ranks, 3 steps)
     "planted": {},
@@ -179,7 +179,7 @@ def test_cli(store, tmp_path):
     db, _ = store
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=ROOT, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "ninefold.cli.main", *args], cwd=ROOT, capture_output=True,
                               text=True)
 
     r = run("whatif", "--db", str(db), "--job", "planted")
@@ -228,7 +228,7 @@ def test_real_traces_give_well_formed_paths(db):
 def test_a_new_attribution_drops_the_results_computed_from_the_old(tmp_path):
     """critical_path and kernel_efficiency rows are computed from a job's attribution: re-attributing the job
     (new traces, other patterns) removes them, and leaves other jobs' rows alone."""
-    from analysis.efficiency import kernel_efficiency
+    from ninefold.analysis.efficiency import kernel_efficiency
 
     db = connect(tmp_path / "s.duckdb")
     for job in ("a", "b"):

@@ -5,11 +5,11 @@ through the host, charged exactly as the host ledger."""
 import numpy as np
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.critical_path import critical_path
-from analysis.whatif import whatif
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.critical_path import critical_path
+from ninefold.analysis.whatif import whatif
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
 from path_ledgers import assert_path_within_ledgers
 from sample_traces.generate import generate
 from test_attribution_shared import GPU_TRACES
@@ -46,7 +46,7 @@ def test_shipped_and_generated_jobs(db, tmp_path):
 
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     d = tmp_path_factory.mktemp("paced")
     con = connect(d / "p.duckdb")
@@ -135,7 +135,7 @@ def test_deepseek_path_tells_the_ledgers_story(db):
 
 
 def test_time_outside_a_ranks_step_window_goes_to_the_rank_whose_window_holds_it():
-    from analysis.critical_path import K_GAP, K_HOST, K_OP, _place
+    from ninefold.analysis.critical_path import K_GAP, K_HOST, K_OP, _place
 
     # rank 0's window [100, 200), rank 1's [50, 180), rank 2's [150, 260); the path: rank 0's host from 40 (before
     # every window), its op to 230 (past its own window's end)
@@ -151,7 +151,7 @@ def test_time_outside_a_ranks_step_window_goes_to_the_rank_whose_window_holds_it
 
 
 def test_an_implicit_sync_is_an_edge_from_the_op_the_host_waited_for():
-    from analysis import step_graph as sg
+    from ninefold.analysis import step_graph as sg
 
     b = sg._Builder()
     # ops of one rank (start, end, issued): A [0, 100) at -5, B [90, 150) at 5, C [120, 400) at 160, D [430, 470)
@@ -175,8 +175,8 @@ def test_an_implicit_sync_is_an_edge_from_the_op_the_host_waited_for():
 def test_deepseek_dispatch_waits_on_notify_dispatch(db):
     """DeepEP's internode dispatch is launched after the host read back notify_dispatch's counts (no synchronize
     call in the trace): the graph has that edge, and the path follows notify_dispatch into the dispatch."""
-    from analysis import step_graph as sg
-    from analysis.critical_path import paths
+    from ninefold.analysis import step_graph as sg
+    from ninefold.analysis.critical_path import paths
 
     load_kineto(db, SHARED_TRACES / "deepseek/train.json", "ds", rank=0)
     attribute_job(db, "ds")

@@ -1,9 +1,9 @@
-"""ingest.depths.sorted_depths against the SQL window it replaced, on drawn intervals full of ties."""
+"""ninefold.ingest.depths.sorted_depths against the SQL window it replaced, on drawn intervals full of ties."""
 import duckdb
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from ingest.depths import sorted_depths
+from ninefold.ingest.depths import sorted_depths
 
 
 def interval_depths(th, start, end, ord_):

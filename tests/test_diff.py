@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.diff import DiffError, diff_jobs, normalise_kernel
-from analysis.ledgers import LEDGERS
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.diff import DiffError, diff_jobs, normalise_kernel
+from ninefold.analysis.ledgers import LEDGERS
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
 from sample_traces.alltoall2023 import generate_a2a
 from sample_traces.generate import generate
-from store.connection import connect
+from ninefold.store.connection import connect
 
 STEPS = 12
 
@@ -86,7 +86,7 @@ def test_kernels_are_matched_by_normalised_name_and_new_ones_are_told(store):
 
 def test_diff_cli_json_and_errors(store, tmp_path):
     db, _ = store
-    cli = [sys.executable, "-m", "service.cli", "diff", "--db", str(db)]
+    cli = [sys.executable, "-m", "ninefold.cli.main", "diff", "--db", str(db)]
     r = subprocess.run(cli + ["base", "slow_gemm", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)

@@ -44,7 +44,7 @@ def fill(disk, leave: int = 64 << 10):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], cwd=ROOT, env=ENV,
+    return subprocess.run([sys.executable, "-m", "ninefold.cli.main", *map(str, args)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -100,7 +100,7 @@ def test_a_full_work_folder_is_blamed_on_the_disk_not_the_file(tmp_path):
         db = tmp_path / "s.duckdb"
         assert cli("ingest", DP4, "--db", db, "--job", "old").returncode == 0   # (work folder still empty)
         before = counts(db)
-        r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(tmp_path / "g"), "--db", str(db)],
+        r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ingest", str(tmp_path / "g"), "--db", str(db)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         out = r.stdout + r.stderr
         assert r.returncode == 1 and "corrupt gzip" not in out, out

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.efficiency import EfficiencyError, _dtype_peak, _peaks, compute_efficiency, kernel_efficiency
-from analysis.kernel_work import attention_flops, bus_bandwidth, bus_factor, gemm_flops, memory_bytes
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.efficiency import EfficiencyError, _dtype_peak, _peaks, compute_efficiency, kernel_efficiency
+from ninefold.analysis.kernel_work import attention_flops, bus_bandwidth, bus_factor, gemm_flops, memory_bytes
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from ingest import nccl_tests
-from ingest.load import ingest_paths, load_kineto
-from store.connection import connect
+from ninefold.ingest import nccl_tests
+from ninefold.ingest.load import ingest_paths, load_kineto
+from ninefold.store.connection import connect
 
 BF = "c10::BFloat16"
 
@@ -141,7 +141,7 @@ def gen_store(tmp_path_factory):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "service.cli", "efficiency", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ninefold.cli.main", "efficiency", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True)
 
 

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.critical_path import critical_path
-from analysis.export import ExportError, export_trace, write_trace
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.critical_path import critical_path
+from ninefold.analysis.export import ExportError, export_trace, write_trace
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
 from sample_traces.generate import generate
-from store.connection import connect
+from ninefold.store.connection import connect
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_export_cli_and_refusals(store, tmp_path):
     with pytest.raises(ExportError, match="run `ninefold attribute` first"):
         export_trace(con, "nope")
     con.close()
-    r = subprocess.run([sys.executable, "-m", "service.cli", "export", "--db", str(store / "e.duckdb"), "--job", "j",
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "export", "--db", str(store / "e.duckdb"), "--job", "j",
                         "--step", "12", "--out", str(tmp_path / "s.json")], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "Perfetto" in r.stdout and json.loads((tmp_path / "s.json").read_text())["ninefold"]["steps"] == [12]
@@ -103,7 +103,7 @@ def test_one_trace_writer_formats_exact_microseconds():
     (an epoch time in ns is beyond what a double holds to the nanosecond)."""
     import json as _json
 
-    from analysis.chrome_trace import event, fmt_us
+    from ninefold.analysis.chrome_trace import event, fmt_us
     from sample_traces import kineto_writer
 
     assert kineto_writer.fmt_us is fmt_us
@@ -179,7 +179,7 @@ def test_export_of_a_2023_job_with_string_thread_ids(tmp_path, rank):
 
 
 def test_event_writes_any_value_a_trace_carried_as_json():
-    from analysis.chrome_trace import event, meta
+    from ninefold.analysis.chrome_trace import event, meta
 
     odd = ["PyTorch Profiler", "", None, 7, -1, 2 ** 70, 1.5, True, 'quote " and \\ and \x01 and \u2028']
     for v in odd:

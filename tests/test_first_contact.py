@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dashboards.style import esc
-from service.cli import cli
+from ninefold.dashboards.style import esc
+from ninefold.cli.main import cli
 from conftest import SHARED_TRACES, needs_shared
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,8 +210,8 @@ def test_report_honours_wait(store, tmp_path):
 
 def test_app_views_say_why_a_job_has_no_ledgers(store):
     """The app's Overview and What if tabs say what the job lacks, or what to run, as the command line does."""
-    from dashboards.data_store import read_connection
-    from dashboards.views import overview, whatif
+    from ninefold.web.data_store import read_connection
+    from ninefold.dashboards.views import overview, whatif
 
     d, db = store
     with read_connection(db) as con:

@@ -6,13 +6,13 @@ import pickle
 import pytest
 from click.testing import CliRunner
 
-from analysis.hang import format_table, hang_report
-from ingest import flight_recorder as fr
-from ingest.load import ingest_paths
-from ingest.registry import head_bytes, loader_for
+from ninefold.analysis.hang import format_table, hang_report
+from ninefold.ingest import flight_recorder as fr
+from ninefold.ingest.load import ingest_paths
+from ninefold.ingest.registry import head_bytes, loader_for
 from sample_traces.flight_recorder import generate
-from store.connection import connect
-from store.errors import IngestConflict, TraceFormatError
+from ninefold.store.connection import connect
+from ninefold.store.errors import IngestConflict, TraceFormatError
 from tests.conftest import SHARED_TRACES, needs_shared
 
 GLOO = SHARED_TRACES / "flight_recorder_gloo_4rank"
@@ -185,7 +185,7 @@ def test_same_dump_twice_is_a_noop_and_another_file_for_a_rank_conflicts(db, gen
 
 
 def test_hang_command(gen, tmp_path):
-    from service.cli import cli
+    from ninefold.cli.main import cli
 
     out, gt = gen
     dbp = tmp_path / "cli.duckdb"

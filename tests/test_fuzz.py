@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ingest.load import ingest_paths
+from ninefold.ingest.load import ingest_paths
 from sample_traces.alltoall2023 import generate_a2a
 from sample_traces.flight_recorder import generate as generate_fr
 from test_nccl_log import _synthetic_log

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from ingest.load import ingest_paths
+from ninefold.ingest.load import ingest_paths
 from sample_traces.alltoall2023 import generate_a2a
 
 
@@ -43,7 +43,7 @@ def test_out_of_range_rank_is_one_line_and_stores_nothing(db, two_ranks, rank, w
 def test_negative_rank_option_is_refused(tmp_path, two_ranks):
     p = two_ranks / "rank-0.json"
     _edit(p, lambda d: d.pop("distributedInfo"))
-    r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(p), "--db", str(tmp_path / "x.duckdb"),
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ingest", str(p), "--db", str(tmp_path / "x.duckdb"),
                         "--rank", "-5"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and "rank -5 is out of range" in r.stdout + r.stderr and "Traceback" not in r.stderr
 
@@ -60,8 +60,8 @@ def test_lone_surrogate_is_repaired_not_refused_and_odd_names_never_reach_a_page
     assert names and all(n.startswith("<script>alert(1)</script>\x00\u202e\ufffdsm90_xmma") for n in names)
     d = dict(db.execute("SELECT rank, count FROM diagnostics WHERE code = 'repaired_surrogates'").fetchall())
     assert d and all(v > 0 for v in d.values())
-    from analysis.attribution import attribute_job
-    from dashboards.report import write_report
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.dashboards.report import write_report
 
     attribute_job(db, "j")
     db.close()
@@ -69,7 +69,7 @@ def test_lone_surrogate_is_repaired_not_refused_and_odd_names_never_reach_a_page
     write_report(tmp_path / "t.duckdb", "j", out)
     html = out.read_text(encoding="utf-8")
     assert "\x00" not in html and "\u202e" not in html and "<script>alert(1)" not in html
-    from dashboards.style import esc, html_table
+    from ninefold.dashboards.style import esc, html_table
 
     cell = html_table(["k"], [[names.pop()]])
     assert "\\u0000" in cell and "\\u202e" in cell and "&lt;script&gt;" in cell and "\x00" not in cell
@@ -92,7 +92,7 @@ def test_negative_ts_gets_a_diagnostic(db, two_ranks):
 
 
 def _big_job(path, ranks=16, per=40_000):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     con = connect(path)
     con.execute(f"""INSERT INTO traces (job, rank, path, sha256, format, world_size)
@@ -137,7 +137,7 @@ def _state(path):
 def test_attribute_killed_at_any_point_leaves_the_old_results_or_the_new(tmp_path):
     db = tmp_path / "k.duckdb"
     _big_job(db)
-    cmd = [sys.executable, "-m", "service.cli", "attribute", "--db", str(db), "--job", "b"]
+    cmd = [sys.executable, "-m", "ninefold.cli.main", "attribute", "--db", str(db), "--job", "b"]
     t = time.monotonic()
     full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     took = time.monotonic() - t
@@ -182,7 +182,7 @@ def test_flight_recorder_fields_of_the_wrong_type_are_one_line(db, tmp_path, nam
 
 
 def test_hang_report_with_entries_of_unknown_state(db, tmp_path):
-    from analysis.hang import format_table, hang_report
+    from ninefold.analysis.hang import format_table, hang_report
     from sample_traces.flight_recorder import generate
 
     generate(tmp_path / "fr", world=4, tp=2, hang_ranks=(3,))
@@ -196,7 +196,7 @@ def test_hang_report_with_entries_of_unknown_state(db, tmp_path):
 
 def test_a_busy_store_is_waited_for_then_refused_in_one_line(tmp_path, two_ranks):
     db = tmp_path / "busy.duckdb"
-    cli = [sys.executable, "-m", "service.cli"]
+    cli = [sys.executable, "-m", "ninefold.cli.main"]
     r = subprocess.run(cli + ["ingest", str(two_ranks), "--db", str(db), "--job", "j"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -232,7 +232,7 @@ def test_work_folders_of_a_killed_ingest_are_removed_at_the_next_start(tmp_path,
     live = root / f"{os.getppid()}-keep"
     live.mkdir()
     db = tmp_path / "w.duckdb"
-    r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(two_ranks / "rank-0.json"), "--db",
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ingest", str(two_ranks / "rank-0.json"), "--db",
                         str(db), "--job", "j"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     left = sorted(p.name for p in root.iterdir())
@@ -240,7 +240,7 @@ def test_work_folders_of_a_killed_ingest_are_removed_at_the_next_start(tmp_path,
     # a kill -9 mid-ingest leaves a folder; the next ingest removes it
     big = tmp_path / "big"
     generate_a2a(big, ranks=1, steps=40, seed=2)
-    p = subprocess.Popen([sys.executable, "-m", "service.cli", "ingest", str(big / "rank-0.json"), "--db",
+    p = subprocess.Popen([sys.executable, "-m", "ninefold.cli.main", "ingest", str(big / "rank-0.json"), "--db",
                           str(tmp_path / "k.duckdb"), "--job", "k"], cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     t0 = time.monotonic()
@@ -248,7 +248,7 @@ def test_work_folders_of_a_killed_ingest_are_removed_at_the_next_start(tmp_path,
         time.sleep(0.01)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(two_ranks / "rank-1.json"), "--db",
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ingest", str(two_ranks / "rank-1.json"), "--db",
                         str(db), "--job", "j"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert not [d for d in root.iterdir() if d.name.startswith(f"{p.pid}-")]
@@ -269,7 +269,7 @@ def test_gzip_bombs_are_refused_before_they_fill_the_disk(tmp_path, monkeypatch)
             f.write(b" " * (1 << 20))
         f.write(b"]}")
     db = tmp_path / "g.duckdb"
-    cli = [sys.executable, "-m", "service.cli"]
+    cli = [sys.executable, "-m", "ninefold.cli.main"]
     r = subprocess.run(cli + ["ingest", str(zeros), "--db", str(db), "--job", "g", "--rank", "0"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "not JSON inside the gzip stream" in r.stdout + r.stderr
@@ -289,7 +289,7 @@ def test_ingest_killed_at_any_point_stores_the_file_whole_or_not_at_all(tmp_path
     monkeypatch.setenv("NINEFOLD_TMP", str(tmp_path / "work"))
     generate(tmp_path / "big", ranks=1, steps=2, seed=1, target_mb=30)
     trace = tmp_path / "big" / "rank-0.json"
-    cli = [sys.executable, "-m", "service.cli", "ingest", str(trace), "--job", "k", "--db"]
+    cli = [sys.executable, "-m", "ninefold.cli.main", "ingest", str(trace), "--job", "k", "--db"]
     ref = tmp_path / "ref.duckdb"
     t = time.monotonic()
     assert subprocess.run(cli + [str(ref)], cwd=ROOT, capture_output=True).returncode == 0

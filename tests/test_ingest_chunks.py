@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-import ingest.kineto as kineto
-from ingest.kineto import sniff_kineto
-from ingest.load import load_kineto
-from store.connection import connect
+import ninefold.ingest.kineto as kineto
+from ninefold.ingest.kineto import sniff_kineto
+from ninefold.ingest.load import load_kineto
+from ninefold.store.connection import connect
 
 TABLES = {
     "gpu_ops": "kind, name, start_ns, end_ns, correlation, external_id, stream, args",
@@ -71,7 +71,7 @@ def test_chunked_truncated_file_reports_document_offset(tmp_path, monkeypatch):
     bad = text.replace('"dur": 3.25', '"dur": 3.25 oops', 1)   # garbage inside an event of the first half
     p.write_text(bad)
     monkeypatch.setattr(kineto, "MIN_CHUNK", 1)
-    from store.errors import TraceFormatError
+    from ninefold.store.errors import TraceFormatError
     msgs = []
     for n in (1, 4):
         monkeypatch.setattr(kineto, "_default_chunks", lambda: n)
@@ -91,8 +91,8 @@ def test_chunked_truncated_file_reports_document_offset(tmp_path, monkeypatch):
 
 def test_prefetched_multi_file_ingest_equals_serial(tmp_path, monkeypatch):
     """Files parsed ahead on other cursors land exactly as when read one by one, each in its own transaction."""
-    import ingest.load as load
-    from ingest.load import ingest_paths
+    import ninefold.ingest.load as load
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.generate import generate
 
     generate(tmp_path / "job", ranks=4, steps=2, seed=5)

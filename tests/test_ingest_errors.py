@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from ingest.load import ingest_paths, load_kineto
-from store.errors import IngestConflict, TraceFormatError
+from ninefold.ingest.load import ingest_paths, load_kineto
+from ninefold.store.errors import IngestConflict, TraceFormatError
 
 
 def _event(i, ts_ns, dur_ns=1000, cat="kernel", name="k"):
@@ -163,7 +163,7 @@ def test_cli_exit_codes(tmp_path):
     d.mkdir()
     (d / "rank-0.json").write_text(_trace(rank=0))
     (d / "rank-1.json").write_text(_trace(rank=1)[:150])
-    run = lambda *a: subprocess.run([sys.executable, "-m", "service.cli", *a], capture_output=True, text=True)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ninefold.cli.main", *a], capture_output=True, text=True)
     r = run("ingest", str(d), "--db", str(tmp_path / "x.duckdb"))
     assert r.returncode == 1
     assert "FAILED" in r.stdout and "job=job1" in r.stdout and "1 stored" in r.stdout
@@ -174,7 +174,7 @@ def test_cli_exit_codes(tmp_path):
 def test_directory_scan_skips_side_json_but_named_file_fails(tmp_path):
     from click.testing import CliRunner
 
-    from service.cli import cli
+    from ninefold.cli.main import cli
 
     d = tmp_path / "job"
     d.mkdir()
@@ -195,7 +195,7 @@ def test_a_big_side_json_is_skipped_too_whatever_its_size(tmp_path, gz):
     comes after megabytes of metadata is still a trace."""
     import gzip as gzip_
 
-    from ingest.load import discover
+    from ninefold.ingest.load import discover
 
     d = tmp_path / "job"
     d.mkdir()
@@ -219,8 +219,8 @@ def test_a_big_side_json_is_skipped_too_whatever_its_size(tmp_path, gz):
 
 def test_side_json_left_out_by_every_directory_scan(tmp_path):
     """The shared discovery drops side JSON files, so the nightly batch does not fail a job for them."""
-    from ingest.load import discover
-    from service.batch import discover_jobs
+    from ninefold.ingest.load import discover
+    from ninefold.batch.nightly import discover_jobs
 
     d = tmp_path / "root" / "job"
     d.mkdir(parents=True)
@@ -247,7 +247,7 @@ def test_ingest_shows_a_bar_on_a_terminal_one_line_per_file_otherwise_and_quiet_
                                                       "traceEvents": [{"ph": "X", "cat": "kernel", "name": "k",
                                                                        "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}))
     (d / "ground_truth.json").write_text(json.dumps({"seed": 1}))
-    cli = [sys.executable, "-m", "service.cli", "ingest", str(d)]
+    cli = [sys.executable, "-m", "ninefold.cli.main", "ingest", str(d)]
     plain = subprocess.run(cli + ["--db", str(tmp_path / "a.duckdb")], cwd=ROOT, capture_output=True, text=True)
     lines = plain.stdout.splitlines()
     assert plain.returncode == 0 and sum(x.startswith("STORED") for x in lines) == 3, plain.stdout
@@ -279,7 +279,7 @@ def test_out_of_memory_fails_each_file_in_one_line_and_keeps_the_store(db, tmp_p
     # it and the limit, its transaction rolled back, the rows already stored kept; with the limit lifted the
     # same files load
     from sample_traces.generate import generate
-    from store.schema import PER_TRACE
+    from ninefold.store.schema import PER_TRACE
 
     keep = sorted((ROOT / "sample_traces" / "dp4").glob("rank-*.json.gz"))[:1]
     assert [r.status for r in ingest_paths(db, keep, job="keep")] == ["stored"]
@@ -301,13 +301,13 @@ def test_cli_says_out_of_memory_in_one_line(monkeypatch, tmp_path):
     import duckdb
     from click.testing import CliRunner
 
-    import analysis.attribution
-    from service.cli import cli
+    import ninefold.analysis.attribution.attribute
+    from ninefold.cli.main import cli
 
     def oom(*a, **k):
         raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate data of size 128.0 MiB\nhints")
 
-    monkeypatch.setattr(analysis.attribution, "attribute_job", oom)
+    monkeypatch.setattr(ninefold.analysis.attribution.attribute, "attribute_job", oom)
     db = str(tmp_path / "o.duckdb")
     r0 = CliRunner().invoke(cli, ["ingest", str(ROOT / "sample_traces" / "dp4"), "--job", "j", "--db", db])
     assert r0.exit_code == 0, r0.output

@@ -12,12 +12,12 @@ import json
 
 import pytest
 
-import ingest.kineto as kineto
-import ingest.load as load
+import ninefold.ingest.kineto as kineto
+import ninefold.ingest.load as load
 from conftest import SHARED_TRACES, needs_shared
-from ingest.kineto import sniff_kineto
-from ingest.load import ingest_paths, load_kineto
-from store.errors import TraceFormatError
+from ninefold.ingest.kineto import sniff_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
+from ninefold.store.errors import TraceFormatError
 from test_ingest_chunks import _trace
 
 
@@ -174,7 +174,7 @@ def test_gz_stores_what_the_plain_file_stores_and_bad_streams_fail_in_one_line(d
 
 
 def test_a_run_of_files_checkpoints_once_and_restores_the_threshold(tmp_path):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     d = tmp_path / "job"
     d.mkdir()

@@ -32,7 +32,7 @@ def _digest(db):
 
 def _ingest(tmp_path, src, *extra):
     db = tmp_path / f"j{'-'.join(extra) or 'default'}.duckdb"
-    r = subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(src), "--db", str(db), "--job", "j",
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ingest", str(src), "--db", str(db), "--job", "j",
                         *extra], cwd=ROOT, capture_output=True, text=True)
     return r, db
 

@@ -3,7 +3,7 @@ import gzip
 import json
 
 from conftest import SHARED_TRACES, needs_shared
-from ingest.load import load_kineto
+from ninefold.ingest.load import load_kineto
 
 TRACE = "hta/df_index_resolver/df_index_resolver.json.gz"
 

@@ -4,11 +4,10 @@ import sqlite3
 import subprocess
 import sys
 
-import pytest
 
 from conftest import ROOT, needs_shared
-from ingest.load import ingest_paths
-from store.connection import connect
+from ninefold.ingest.load import ingest_paths
+from ninefold.store.connection import connect
 from test_ingest_errors import _trace
 from test_nsys_ingest import _synthetic
 
@@ -65,7 +64,7 @@ def test_nsys_text_that_is_not_utf8_is_repaired_and_the_next_file_lands(tmp_path
 @needs_shared
 def test_a_fatal_duckdb_error_fails_its_file_in_one_line_and_the_store_is_reopened(tmp_path, monkeypatch):
     # the repair off: the bytes reach DuckDB, whose regexp_replace fails fatally and invalidates the database
-    monkeypatch.setattr("ingest.nsys_read._Src._valid_utf8", lambda self, col: col)
+    monkeypatch.setattr("ninefold.ingest.nsys_read._Src._valid_utf8", lambda self, col: col)
     con, before = _store_with_old_job(tmp_path)
     bad, good = tmp_path / "a" / "x.sqlite", tmp_path / "b" / "x.sqlite"
     for p in (bad, good):
@@ -87,9 +86,9 @@ def test_a_fatal_duckdb_error_fails_its_file_in_one_line_and_the_store_is_reopen
 def test_a_fatal_error_in_an_in_memory_store_names_the_files_it_could_not_try(tmp_path, monkeypatch):
     import duckdb
 
-    from store.schema import create_all
+    from ninefold.store.schema import create_all
 
-    monkeypatch.setattr("ingest.nsys_read._Src._valid_utf8", lambda self, col: col)
+    monkeypatch.setattr("ninefold.ingest.nsys_read._Src._valid_utf8", lambda self, col: col)
     bad, good = tmp_path / "a" / "x.sqlite", tmp_path / "b" / "x.sqlite"
     for p in (bad, good):
         p.parent.mkdir()
@@ -146,7 +145,7 @@ def test_inspect_and_ingest_say_one_line_for_a_deep_file(tmp_path):
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     for cmd in (["inspect", str(files["kineto_head"].parent)],
                 ["ingest", str(files["fr"].parent), "--db", str(tmp_path / "c.duckdb")]):
-        p = subprocess.run([sys.executable, "-m", "service.cli", *cmd], cwd=ROOT, env=env, capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "ninefold.cli.main", *cmd], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=300)
         out = p.stdout + p.stderr
         assert "Traceback" not in out, out

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 
 from conftest import SHARED_TRACES, needs_shared
-from ingest.load import load_kineto
-from store.errors import TraceFormatError
+from ninefold.ingest.load import load_kineto
+from ninefold.store.errors import TraceFormatError
 
 pytestmark = needs_shared
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import SHARED_TRACES, needs_shared
-from service.cli import cli
+from ninefold.cli.main import cli
 
 SUFFIXES = (".json", ".json.gz", ".log", ".sqlite", ".txt", ".pkl", ".pickle", ".out")
 
@@ -89,7 +89,7 @@ def test_version_and_a_worked_example_in_every_commands_help():
 def _comm_counts(db, job):
     """What attribute charged as communication, per rank: kernels of the comm family (kernel_classes) and the
     collective each matched kernel was typed as (collective_matches)."""
-    from analysis.process_groups import canonical
+    from ninefold.analysis.process_groups import canonical
 
     fam = dict(db.execute("""SELECT g.rank, count(*) FROM gpu_ops g JOIN kernel_classes kc
                              ON kc.job = g.job AND kc.name = g.name
@@ -120,7 +120,7 @@ def test_inspect_counts_the_comm_kernels_attribute_charges_on_deepseek(tmp_path)
     r = CliRunner().invoke(cli, ["attribute", "--db", db, "--job", "ds"])
     assert r.exit_code == 0, r.output
     t = _inspected(db, "ds")[0]
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     con = connect(db, read_only=True)
     fam, by = _comm_counts(con, "ds")
@@ -145,7 +145,7 @@ def test_inspect_types_comm_kernels_as_attribute_does_on_a_generated_job(tmp_pat
                 ["attribute", "--db", db, "--job", "a2a"]):
         r = CliRunner().invoke(cli, cmd)
         assert r.exit_code == 0, r.output
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     con = connect(db, read_only=True)
     fam, by = _comm_counts(con, "a2a")

@@ -2,9 +2,9 @@
 gemm: on the generated MoE job (dense GEMMs beside the experts' grouped GEMMs)."""
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.classify import classify_kernel
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.classify import classify_kernel
+from ninefold.ingest.load import ingest_paths
 
 
 @pytest.fixture(scope="module")
@@ -12,7 +12,7 @@ def moe(tmp_path_factory):
     import duckdb
 
     from sample_traces.moe import GROUPED_GEMM, generate_moe
-    from store.schema import create_all
+    from ninefold.store.schema import create_all
 
     d = tmp_path_factory.mktemp("moe")
     generate_moe(d / "job", ranks=4, steps=2, layers=2, seed=3)
@@ -34,7 +34,7 @@ def test_kernel_classes_store_the_grouped_gemm_class(moe):
 
 
 def test_whatif_scale_gemm_takes_the_grouped_gemms_too(moe):
-    from analysis.whatif import whatif
+    from ninefold.analysis.whatif import whatif
 
     con, _ = moe
     grouped = whatif(con, "moe", scale={"gemm_grouped": 0.0})
@@ -46,7 +46,7 @@ def test_whatif_scale_gemm_takes_the_grouped_gemms_too(moe):
 
 
 def test_shape_free_calibration_reads_grouped_gemms_as_expert_gemms(moe):
-    from analysis.cost_model.shapefree import class_times
+    from ninefold.analysis.cost_model.shapefree import class_times
 
     con, grouped = moe
     ct = class_times(con, "moe")
@@ -63,7 +63,7 @@ def test_copies_written_as_kernels_are_charged_as_copies(tmp_path):
     import duckdb
 
     from sample_traces.generate import generate
-    from store.schema import create_all
+    from ninefold.store.schema import create_all
 
     generate(tmp_path / "dp", ranks=2, steps=2, seed=11)
     got = []

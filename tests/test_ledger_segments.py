@@ -3,11 +3,11 @@ view; a store that holds ledger_intervals as a table (an earlier version's layou
 the same rows."""
 import pytest
 
-from analysis.attribution import _ensure_tables, attribute_job, insert_named_intervals
-from analysis.ledgers import LEDGERS
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import _ensure_tables, attribute_job, insert_named_intervals
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import generate
-from store.connection import connect
+from ninefold.store.connection import connect
 
 ROWS = "SELECT job, rank, step, ledger, start_ns, end_ns, op_name, pg_name, seq FROM ledger_intervals ORDER BY ALL"
 

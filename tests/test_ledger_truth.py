@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from analysis.attribution import REENTRANT_HOST, RECOMPUTE_HOST, attribute_job
+from ninefold.analysis.attribution.attribute import REENTRANT_HOST, RECOMPUTE_HOST, attribute_job
 from conftest import ROOT, SHARED_TRACES, needs_shared
-from ingest.host_colls import host_coll_type
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.host_colls import host_coll_type
+from ninefold.ingest.load import ingest_paths, load_kineto
 from sample_traces.alltoall2023 import generate_a2a
 from sample_traces.checkpointed import generate_checkpointed
 
@@ -140,8 +140,8 @@ def test_real_torchrec_all_to_all_kernels_are_collectives_typed_by_their_host_op
 def test_waits_explain_the_straggler_ledger_and_match_tracelens_where_ends_coincide(db, tmp_path):
     from click.testing import CliRunner
 
-    from analysis.waits import waits
-    from service.cli import cli
+    from ninefold.analysis.waits import waits
+    from ninefold.cli.main import cli
 
     gt = generate_a2a(tmp_path / "a2a", ranks=4, steps=2, seed=7)
     _ingest(db, tmp_path / "a2a", "w")
@@ -170,8 +170,8 @@ def test_waits_explain_the_straggler_ledger_and_match_tracelens_where_ends_coinc
 
 @needs_shared
 def test_comm_compute_overlap_equals_an_independent_interval_count(db):
-    from analysis.classify import classify_kernel
-    from analysis.waits import comm_compute_overlap
+    from ninefold.analysis.classify import classify_kernel
+    from ninefold.analysis.waits import comm_compute_overlap
 
     load_kineto(db, SHARED_TRACES / "hta/trace_diff/control/control.json.gz", "o", rank=3)
     attribute_job(db, "o")

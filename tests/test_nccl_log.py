@@ -5,11 +5,11 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from ingest import nccl_log
-from ingest.load import ingest_paths
-from ingest.nccl_link import collective_detail, link_profiler_collectives
-from store.connection import connect
-from store.errors import IngestConflict, TraceFormatError
+from ninefold.ingest import nccl_log
+from ninefold.ingest.load import ingest_paths
+from ninefold.ingest.nccl_link import collective_detail, link_profiler_collectives
+from ninefold.store.connection import connect
+from ninefold.store.errors import IngestConflict, TraceFormatError
 from tests.conftest import SHARED_TRACES, needs_shared
 
 LOGS = SHARED_TRACES / "nccl_logs"
@@ -336,7 +336,7 @@ def test_profiler_collectives_link_to_their_nccl_lines(tmp_path, moves, method):
     assert (d["algorithm"], d["protocol"], d["n_channels"], d["count"], d["dtype"]) == (
         "TREE", "LL128", 8, gt["collectives"][1]["nelems"], "bfloat16")
     # the ledger drill-down shows each comm interval's algorithm, protocol and channels
-    from analysis.attribution import attribute_job
+    from ninefold.analysis.attribution.attribute import attribute_job
 
     attribute_job(db, "dp4")
     got = db.execute("""SELECT DISTINCT seq, algorithm, protocol, n_channels FROM ledger_drilldown
@@ -348,7 +348,7 @@ def test_profiler_collectives_link_to_their_nccl_lines(tmp_path, moves, method):
 # ------------------------------------------------------------------ CLI
 @needs_shared
 def test_nccl_command_prints_per_communicator_summary(tmp_path):
-    from service.cli import cli
+    from ninefold.cli.main import cli
 
     dbp = tmp_path / "c.duckdb"
     con = connect(dbp)

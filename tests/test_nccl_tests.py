@@ -3,10 +3,10 @@ import re
 
 import pytest
 
-from ingest import nccl_tests
-from ingest.load import ingest_paths
-from ingest.registry import head_bytes, loader_for
-from store.errors import IngestConflict, TraceFormatError
+from ninefold.ingest import nccl_tests
+from ninefold.ingest.load import ingest_paths
+from ninefold.ingest.registry import head_bytes, loader_for
+from ninefold.store.errors import IngestConflict, TraceFormatError
 from tests.conftest import SHARED_TRACES, needs_shared
 
 TIMEZ = SHARED_TRACES / "nccl_logs_repo" / "Timez-zx_nccl-tests" / "nccl.log"

@@ -8,14 +8,14 @@ import sqlite3
 import pytest
 from click.testing import CliRunner
 
-from analysis.attribution import attribute_job
-from analysis.classify import classify_kernel
-from analysis.intervals import union
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.classify import classify_kernel
+from ninefold.analysis.intervals import union
 from conftest import SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths
-from ingest.nsys import load
-from ingest.registry import loader_for
-from store.errors import IngestConflict, TraceFormatError
+from ninefold.ingest.load import ingest_paths
+from ninefold.ingest.nsys import load
+from ninefold.ingest.registry import loader_for
+from ninefold.store.errors import IngestConflict, TraceFormatError
 
 NSYS_DIRS = ["pipit_nsys", "nsys_misc"]
 EXPORTS = sorted(p.relative_to(SHARED_TRACES).as_posix() for d in NSYS_DIRS if (SHARED_TRACES / d).is_dir()
@@ -222,7 +222,7 @@ def test_reingest_is_a_noop_and_another_file_cannot_take_the_rank(db):
 
 @needs_shared
 def test_cli_ingests_an_export_and_explains_a_report(tmp_path):
-    from service.cli import cli
+    from ninefold.cli.main import cli
 
     rep = SHARED_TRACES / "nsys_misc/fuser/report2.nsys-rep"
     out = CliRunner().invoke(cli, ["ingest", str(SHARED_TRACES / TEMPLATE), str(rep), "--db", str(tmp_path / "x.duckdb")])

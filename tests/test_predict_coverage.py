@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analysis.cost_model import coverage
-from analysis.cost_model.config import ConfigError, load_config
-from analysis.cost_model.predict import predict
-from analysis.ledgers import LEDGERS
-from ingest.load import ingest_paths
+from ninefold.analysis.cost_model import coverage
+from ninefold.analysis.cost_model.config import ConfigError, load_config
+from ninefold.analysis.cost_model.predict import predict
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.ingest.load import ingest_paths
 from sample_traces.moe import generate_moe
-from service.cli import cli
+from ninefold.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MOE = """
@@ -34,7 +34,7 @@ dp = 0.0
 @pytest.fixture
 def moe_db(tmp_path):
     """An 8-rank EP job (generated): all-to-alls only, no data-parallel all-reduce, no send/recv."""
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     generate_moe(tmp_path / "moe", ranks=8, steps=2, layers=3, overloaded=2, overload=3.0)
     db = tmp_path / "m.duckdb"
@@ -51,7 +51,7 @@ def _cfg(tmp_path, extra=""):
 
 
 def test_dp_sync_not_in_trace_is_predicted_but_not_compared(tmp_path, moe_db):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     cfg = _cfg(tmp_path)
     r = CliRunner().invoke(cli, ["compare", "--db", str(moe_db), "--job", "moe", "--config", str(cfg)])
@@ -89,7 +89,7 @@ def test_dp_sync_not_in_trace_is_predicted_but_not_compared(tmp_path, moe_db):
 
 
 def test_missing_is_one_rule_for_every_axis():
-    from analysis.cost_model.timeline import StepPlan
+    from ninefold.analysis.cost_model.timeline import StepPlan
 
     plan = StepPlan(dp=2, tp=1, pp=4, ep=1, cp=1, schedule="1f1b", m=4, fwd=[10], bwd=[20], rec=[0],
                     p2p=5, grad_sync=7)
@@ -106,7 +106,7 @@ def test_missing_is_one_rule_for_every_axis():
 
 
 def test_dp_that_contradicts_the_trace_is_overridden_with_a_note(tmp_path, moe_db):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     cfg = _cfg(tmp_path, "dp = 4")
     con = connect(moe_db, read_only=True)
@@ -125,7 +125,7 @@ def test_dp_that_contradicts_the_trace_is_overridden_with_a_note(tmp_path, moe_d
 
 
 def test_a_layout_no_dp_can_fit_is_refused(tmp_path, moe_db):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     con = connect(moe_db, read_only=True)
     for extra in ("tp = 3", "dp = 4\ntp = 3"):      # dp derived or given: no dp makes 3 divide 8
@@ -137,7 +137,7 @@ def test_a_layout_no_dp_can_fit_is_refused(tmp_path, moe_db):
 def test_shipped_dp4_config_on_a_larger_job(tmp_path):
     """dp4.toml says the trace wins: on an 8-rank generated job compare uses dp = 8 from the trace."""
     from sample_traces.generate import generate
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     generate(tmp_path / "j", ranks=8, steps=2, seed=0)
     db = tmp_path / "j.duckdb"

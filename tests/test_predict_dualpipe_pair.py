@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis.attribution import attribute_job
-from analysis.cost_model import compare as cmp
-from analysis.cost_model.config import load_config
-from analysis.cost_model.predict import predict
-from analysis.ledgers import LEDGERS
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.cost_model import compare as cmp
+from ninefold.analysis.cost_model.config import load_config
+from ninefold.analysis.cost_model.predict import predict
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import (COMM_STREAM, COMPUTE_STREAM, FIRST_STEP, FLASH_BWD, FLASH_FWD, GEMM_H100,
                                     NCCL_SENDRECV, RankTrace, finish_comm, footer_text, header_text,
                                     metadata_lines)
@@ -91,7 +91,7 @@ def write_pair_job(out: Path, a2a_ns: int, steps: int = 3, layers: int = 4) -> d
 
 
 def _job(tmp_path, a2a_ns):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     planted = write_pair_job(tmp_path / "pair", a2a_ns)
     con = connect(tmp_path / "p.duckdb")
@@ -137,7 +137,7 @@ def test_planted_pair_predicted_within_10_percent(tmp_path, a2a_ns):
         assert res["exposed_comm"]["measured"] < 0.01 * planted["step_ns"]
     # the DP gradient sync and the optimizer are shown, not compared
     assert sum(v["not_in_trace"] for v in res.values()) > 0
-    from analysis.cost_model.explain import terms
+    from ninefold.analysis.cost_model.explain import terms
 
     t = {(x.ledger, x.term): x for x in terms(pred)}
     assert t[("exposed_comm", "EP time (one): α·steps + bytes/β")].value == pytest.approx(a2a_ns / 1e6, rel=0.01)

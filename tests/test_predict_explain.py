@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ingest.load import ingest_paths
-from service.cli import cli
+from ninefold.ingest.load import ingest_paths
+from ninefold.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "sample_traces" / "configs"
@@ -15,7 +15,7 @@ CONFIGS = ROOT / "sample_traces" / "configs"
 
 @pytest.fixture
 def sample_db(tmp_path):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     db = tmp_path / "s.duckdb"
     con = connect(db)
@@ -33,8 +33,8 @@ def _terms(db, job, config):
 
 
 def test_terms_recompose_the_compute_and_comm_ledgers(sample_db):
-    from analysis.cost_model import calibrate
-    from store.connection import connect
+    from ninefold.analysis.cost_model import calibrate
+    from ninefold.store.connection import connect
 
     out, t = _terms(sample_db, "dp4", "dp4.toml")
     led = out["ledgers_ns"]["0"]

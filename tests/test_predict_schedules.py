@@ -2,11 +2,11 @@
 DualPipe wired into predict."""
 import pytest
 
-from analysis.cost_model import pipeline as PL
-from analysis.cost_model.config import ConfigError, load_config
-from analysis.cost_model.dualpipe_sim import position, rank_of, simulate_dualpipe
-from analysis.cost_model.predict import predict
-from analysis.cost_model.schedule_sim import simulate
+from ninefold.analysis.cost_model import pipeline as PL
+from ninefold.analysis.cost_model.config import ConfigError, load_config
+from ninefold.analysis.cost_model.dualpipe_sim import position, rank_of, simulate_dualpipe
+from ninefold.analysis.cost_model.predict import predict
+from ninefold.analysis.cost_model.schedule_sim import simulate
 
 
 def names(r, rank):

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analysis.attribution import attribute_job
-from analysis.cost_model import calibrate, compare as cmp, shapefree
-from analysis.cost_model.config import load_config
-from analysis.cost_model.predict import predict
-from analysis.ledgers import LEDGERS
-from ingest.load import ingest_paths
+from ninefold.analysis.attribution.attribute import attribute_job
+from ninefold.analysis.cost_model import calibrate, compare as cmp, shapefree
+from ninefold.analysis.cost_model.config import load_config
+from ninefold.analysis.cost_model.predict import predict
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import generate
-from service.cli import cli
+from ninefold.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DP4 = ROOT / "sample_traces" / "configs" / "dp4.toml"
@@ -22,7 +22,7 @@ DP4 = ROOT / "sample_traces" / "configs" / "dp4.toml"
 @pytest.fixture
 def slow_db(tmp_path):
     """The dp4 layout with every GEMM 1.6x slower than the shipped sample: the configured MFU no longer fits."""
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     gt = generate(tmp_path / "j", ranks=4, steps=3, seed=3, gemm_scale=1.6)
     text = "".join(p.read_text() for p in sorted((tmp_path / "j").glob("rank-*.json")))
@@ -36,7 +36,7 @@ def slow_db(tmp_path):
 
 
 def test_shape_free_calibration_within_10_percent_per_ledger(slow_db):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     db, gt = slow_db
     con = connect(db, read_only=True)
@@ -64,7 +64,7 @@ def test_shape_free_calibration_within_10_percent_per_ledger(slow_db):
 
 def test_per_class_times_match_the_layers(slow_db):
     """Time per layer and micro-batch of each class = the class's kernels per step / the model's 4 layers."""
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     db, gt = slow_db
     con = connect(db, read_only=True)
@@ -87,7 +87,7 @@ def test_per_class_times_match_the_layers(slow_db):
 
 
 def test_compare_and_stored_rows_say_what_was_calibrated(slow_db):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     db, _ = slow_db
     r = CliRunner().invoke(cli, ["compare", "--db", str(db), "--job", "slow", "--config", str(DP4)])

@@ -4,9 +4,9 @@ ahead of the layer computing. The layer recurrence against schedules worked by h
 the recurrence; ZeRO-1 keeps one gradient sync per step."""
 import pytest
 
-from analysis.cost_model.config import ConfigError, load_config
-from analysis.cost_model.predict import predict
-from analysis.cost_model.timeline import zero3_layers
+from ninefold.analysis.cost_model.config import ConfigError, load_config
+from ninefold.analysis.cost_model.predict import predict
+from ninefold.analysis.cost_model.timeline import zero3_layers
 
 
 def test_forward_gathers_hidden_behind_the_layer_before():

@@ -13,7 +13,7 @@ def _job(tmp_path, ranks=4):
     subprocess.run([sys.executable, "-m", "sample_traces.generate", str(out), "--ranks", str(ranks), "--steps", "2"],
                    cwd=ROOT, check=True, capture_output=True)
     db = tmp_path / "nf.duckdb"
-    subprocess.run([sys.executable, "-m", "service.cli", "ingest", str(out), "--db", str(db), "--quiet"],
+    subprocess.run([sys.executable, "-m", "ninefold.cli.main", "ingest", str(out), "--db", str(db), "--quiet"],
                    cwd=ROOT, check=True, capture_output=True)
     return db
 
@@ -33,7 +33,7 @@ def _read_all(fd) -> bytes:
 
 def test_attribute_progress_bar_lines_and_quiet(tmp_path):
     db = _job(tmp_path)
-    cli = [sys.executable, "-m", "service.cli", "attribute", "--db", str(db)]
+    cli = [sys.executable, "-m", "ninefold.cli.main", "attribute", "--db", str(db)]
     plain = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
     assert plain.returncode == 0 and plain.stderr == "", plain.stderr  # no bar where nobody watches
     assert len(plain.stdout.splitlines()) == 1 and plain.stdout.startswith("job: ")
@@ -49,9 +49,9 @@ def test_attribute_progress_bar_lines_and_quiet(tmp_path):
 
 
 def test_attribute_job_reports_each_group_and_groups_change_nothing(tmp_path, monkeypatch):
-    from analysis import attribution
-    from analysis.rank_pass import rank_groups
-    from store.connection import connect
+    from ninefold.analysis.attribution import attribute as attribution
+    from ninefold.analysis.attribution.rank_pass import rank_groups
+    from ninefold.store.connection import connect
 
     db = _job(tmp_path, ranks=3)
     con = connect(str(db))

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.attribution import attribute_job
+from ninefold.analysis.attribution.attribute import attribute_job
 from conftest import _REF, ROOT, SHARED_TRACES, needs_shared
-from ingest.load import ingest_paths, load_kineto
+from ninefold.ingest.load import ingest_paths, load_kineto
 from tests import reference_totals
 
 SAMPLES = ROOT / "sample_traces"

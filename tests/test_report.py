@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from sample_traces.demo_store import build_demo_store
-from dashboards.report import write_report
-from dashboards.queries import NO_PREDICTION, NOT_ATTRIBUTED
-from analysis.ledgers import LEDGERS
-from dashboards.style import esc
-from service.cli import cli
+from ninefold.dashboards.report import write_report
+from ninefold.dashboards.queries import NO_PREDICTION
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.dashboards.style import esc
+from ninefold.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,9 +61,9 @@ def test_report_of_the_moe_job_has_the_drilldown(demo, tmp_path):
 
 
 def test_report_of_an_ingested_but_unattributed_job(tmp_path):
-    from ingest.load import ingest_paths
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.demo_store import sample_files
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     db = tmp_path / "raw.duckdb"
     con = connect(db)
@@ -78,8 +78,8 @@ def test_report_of_an_ingested_but_unattributed_job(tmp_path):
 
 
 def test_report_has_the_apps_efficiency_section(demo, tmp_path):
-    from dashboards.data_store import read_connection
-    from dashboards.views import efficiency
+    from ninefold.web.data_store import read_connection
+    from ninefold.dashboards.views import efficiency
 
     out = write_report(demo[0], "dp4", tmp_path / "eff.html")
     text = json.dumps(_docs(out.read_text())[0])
@@ -94,9 +94,9 @@ def test_residual_is_one_share_of_the_measured_step_everywhere(demo, tmp_path):
     """The report's residual column and `ninefold compare` print the same number under the same heading."""
     import shutil
 
-    from analysis.cost_model.residual import HEADING
-    from dashboards.data_store import read_connection
-    from dashboards.queries import ledger_compare
+    from ninefold.analysis.cost_model.residual import HEADING
+    from ninefold.web.data_store import read_connection
+    from ninefold.dashboards.queries import ledger_compare
 
     db = tmp_path / "copy.duckdb"
     shutil.copy(demo[0], db)
@@ -121,8 +121,8 @@ def test_residual_is_one_share_of_the_measured_step_everywhere(demo, tmp_path):
 
 
 def test_straggler_heatmap_ticks_are_whole_collectives(demo):
-    from dashboards.data_store import read_connection
-    from dashboards.views import stragglers
+    from ninefold.web.data_store import read_connection
+    from ninefold.dashboards.views import stragglers
 
     with read_connection(demo[0]) as con:
         data = stragglers.load(con, "dp4")
@@ -133,7 +133,7 @@ def test_straggler_heatmap_ticks_are_whole_collectives(demo):
 def test_hidden_communication_says_it_is_a_total_over_the_steps(demo, tmp_path):
     out = write_report(demo[0], "dp4", tmp_path / "ov.html")
     text = json.dumps(_docs(out.read_text())[0])
-    from dashboards.data_store import read_connection
+    from ninefold.web.data_store import read_connection
 
     with read_connection(demo[0]) as con:
         n = con.execute("SELECT count(DISTINCT step) FROM step_windows WHERE job = 'dp4'").fetchone()[0]

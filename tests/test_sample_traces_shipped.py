@@ -2,7 +2,7 @@
 import gzip
 from pathlib import Path
 
-from ingest.load import ingest_paths
+from ninefold.ingest.load import ingest_paths
 from sample_traces.generate import generate
 
 SHIPPED = Path(__file__).resolve().parents[1] / "sample_traces"

@@ -3,8 +3,8 @@ import itertools
 
 import pytest
 
-from analysis.cost_model import pipeline as PL
-from analysis.cost_model.schedule_sim import simulate
+from ninefold.analysis.cost_model import pipeline as PL
+from ninefold.analysis.cost_model.schedule_sim import simulate
 
 GRID = list(itertools.product((2, 4, 8), (4, 8, 16)))
 

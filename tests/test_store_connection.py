@@ -1,11 +1,11 @@
-"""store.connection: a writing connection appends row groups of ROW_GROUP_ROWS, so a transaction the size of a
+"""ninefold.store.connection: a writing connection appends row groups of ROW_GROUP_ROWS, so a transaction the size of a
 rank file's rows is written into the file's blocks at once instead of through the WAL (and again at checkpoint);
 the file stays an ordinary DuckDB store."""
 import os
 
 import duckdb
 
-from store.connection import ROW_GROUP_ROWS, connect
+from ninefold.store.connection import ROW_GROUP_ROWS, connect
 
 
 def _append_and_commit(con, n):

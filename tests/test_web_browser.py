@@ -16,9 +16,9 @@ from PIL import Image
 
 from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, offline
 from sample_traces.demo_store import build_demo_store, sample_files
-from dashboards.report import write_report
-from analysis.ledgers import LEDGERS
-from dashboards.style import LEDGER_COLORS
+from ninefold.dashboards.report import write_report
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.dashboards.style import LEDGER_COLORS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "tok-5f3a9c1e"
@@ -33,7 +33,7 @@ def _free_port() -> int:
 def _serve(db, *extra):
     port = _free_port()
     log = open(Path(db).parent / f"serve-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--db", str(db), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "ninefold.cli.main", "serve", "--db", str(db), "--port", str(port),
                              *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.monotonic()
     while True:
@@ -75,10 +75,10 @@ def _hex(c: str) -> tuple:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from analysis.attribution import attribute_job
-    from ingest.load import ingest_paths
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.generate import generate
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     d = tmp_path_factory.mktemp("web")
     build_demo_store(d / "web.duckdb", d, jobs=("moe4",))
@@ -299,7 +299,7 @@ def test_token_auth(store, browser):
 
 
 def test_basic_auth_and_non_loopback_refusal(store):
-    r = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--db", str(store), "--host", "0.0.0.0",
+    r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "serve", "--db", str(store), "--host", "0.0.0.0",
                         "--port", str(_free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "refusing to serve on non-loopback address 0.0.0.0 without authentication" in r.stderr

@@ -47,10 +47,10 @@ def hostile_files(src: Path, out: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def hostile_store(tmp_path_factory):
-    from analysis.attribution import attribute_job
-    from ingest.load import ingest_paths
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.generate import generate
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     d = tmp_path_factory.mktemp("hostile")
     generate(d / "gen", ranks=2, steps=3, seed=0)
@@ -95,7 +95,7 @@ def _planted(page) -> dict:
 
 
 def test_report_shows_hostile_names_as_text(hostile_store, browser, tmp_path):
-    from dashboards.report import write_report
+    from ninefold.dashboards.report import write_report
 
     out = write_report(hostile_store, JOB, tmp_path / "r.html")
     page = browser.new_page(viewport={"width": 1300, "height": 900})
@@ -149,8 +149,8 @@ def test_every_app_view_shows_hostile_names_as_text(hostile_store, browser):
 def test_hover_tooltips_take_stored_text_as_text(hostile_store):
     """Every hover tool of every view is (label, '@field') pairs, which Bokeh fills in as text: no HTML
     template, no {safe} format, no stored name inside a template."""
-    from dashboards import data_store
-    from dashboards.views import compare, efficiency, memory, moe, overview, pipeline, stragglers, timeline, whatif
+    from ninefold.web import data_store
+    from ninefold.dashboards.views import compare, efficiency, memory, moe, overview, pipeline, stragglers, timeline, whatif
 
     with data_store.read_connection(hostile_store) as con:
         models = []

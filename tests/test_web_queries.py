@@ -4,13 +4,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis.ledgers import LEDGERS
-from dashboards import queries
+from ninefold.analysis.ledgers import LEDGERS
+from ninefold.dashboards import queries
 from conftest import SHARED_TRACES, needs_shared
 from sample_traces.demo_store import build_demo_store
-from dashboards.views import memory as memory_view
-from dashboards.views import moe as moe_view
-from dashboards.views import overview as overview_view
+from ninefold.dashboards.views import memory as memory_view
+from ninefold.dashboards.views import moe as moe_view
+from ninefold.dashboards.views import overview as overview_view
 
 
 def texts(models) -> str:
@@ -113,8 +113,8 @@ def test_demo_dp4_opens_on_measured_vs_predicted(ro):
     html = texts(overview_view.render(overview_view.load(ro, "dp4")))
     assert queries.NO_PREDICTION not in html and "prediction config" in html
     # each residual leads to the terms of its prediction: the same terms `compare --explain` lists
-    from analysis.cost_model.explain import terms
-    from analysis.cost_model.predict import predict_file
+    from ninefold.analysis.cost_model.explain import terms
+    from ninefold.analysis.cost_model.predict import predict_file
     from sample_traces.demo_store import SAMPLES
 
     want: dict = {}
@@ -213,8 +213,8 @@ def test_memory_missing_then_present(ro, rw_copy):
 def test_compare_view_is_the_significance_diff(ro):
     from bokeh.models import Whisker
 
-    from analysis.diff import diff_jobs
-    from dashboards.views import compare as compare_view
+    from ninefold.analysis.diff import diff_jobs
+    from ninefold.dashboards.views import compare as compare_view
 
     d = compare_view.load(ro, "dp4", "pp4_1f1b")
     want = {(r["level"], r["key"]): r for r in diff_jobs(ro, "dp4", "pp4_1f1b")}
@@ -239,8 +239,8 @@ def test_compare_view_is_the_significance_diff(ro):
 
 
 def test_efficiency_view_adds_up_to_the_job(ro, rw_copy):
-    from analysis.efficiency import compute_efficiency, store_efficiency
-    from dashboards.views import efficiency as eff_view
+    from ninefold.analysis.efficiency import compute_efficiency, store_efficiency
+    from ninefold.dashboards.views import efficiency as eff_view
 
     rows, _ = compute_efficiency(ro, "dp4")
     d = eff_view.load(ro, "dp4")
@@ -282,11 +282,11 @@ def test_timeline_bars_cover_each_rank_window(ro):
 def test_timeline_row_cap_on_a_large_job(tmp_path):
     """64 ranks × 40,000 intervals each (2.56 M rows): the query returns at most max_rows bars."""
     con = duckdb.connect(str(tmp_path / "big.duckdb"))
-    from store.schema import create_all
+    from ninefold.store.schema import create_all
 
     create_all(con)
-    from analysis.attribution import DDL, INTERVALS_VIEW
-    from analysis.ledgers import LEDGER_ID
+    from ninefold.analysis.attribution.attribute import DDL, INTERVALS_VIEW
+    from ninefold.analysis.ledgers import LEDGER_ID
 
     for t, cols in DDL.items():
         con.execute(f"CREATE TABLE {t} ({cols})")
@@ -318,7 +318,7 @@ def test_timeline_row_cap_on_a_large_job(tmp_path):
 
 
 def test_queries_cope_with_a_store_that_was_never_attributed(tmp_path):
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     con = connect(tmp_path / "fresh.duckdb")
     con.execute("INSERT INTO jobs (job, world_size) VALUES ('j', 1)")
@@ -329,8 +329,8 @@ def test_queries_cope_with_a_store_that_was_never_attributed(tmp_path):
     assert queries.straggler_matrix(con, "j").height == 0
     assert queries.moe(con, "j")["slowest"] is None
     assert queries.pipeline(con, "j")["p"] == 0
-    from dashboards.views import compare as compare_view
-    from dashboards.views import efficiency as eff_view
+    from ninefold.dashboards.views import compare as compare_view
+    from ninefold.dashboards.views import efficiency as eff_view
 
     assert compare_view.load(con, "j", "k")["error"] == "no job 'j' in the store"
     assert "no job &#x27;j&#x27; in the store" in texts(compare_view.render(compare_view.load(con, "j", "k")))
@@ -357,10 +357,10 @@ def test_ledger_breakdown_adds_up_to_the_ledgers(ro):
 def dlrm2023(tmp_path_factory):
     """A 2023-style 8-rank DLRM job (sample_traces.alltoall2023): all-to-alls as SendRecv kernels under
     nccl:all_to_all, no sequence numbers, so attribution matches every collective by order."""
-    from analysis.attribution import attribute_job
-    from ingest.load import ingest_paths
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.alltoall2023 import generate_a2a
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     d = tmp_path_factory.mktemp("a2a")
     gt = generate_a2a(d / "job", ranks=8, steps=2, seed=3)
@@ -372,8 +372,8 @@ def dlrm2023(tmp_path_factory):
 
 
 def test_stragglers_read_order_matched_collectives(dlrm2023):
-    from dashboards.style import fmt_ns
-    from dashboards.views import stragglers as stragglers_view
+    from ninefold.dashboards.style import fmt_ns
+    from ninefold.dashboards.views import stragglers as stragglers_view
 
     con, gt = dlrm2023
     assert con.execute("SELECT count(*) FROM collective_matches WHERE job = 'a2a' AND seq IS NOT NULL"
@@ -410,9 +410,9 @@ def test_moe_counts_order_matched_all_to_alls(dlrm2023):
 
 @needs_shared
 def test_moe_one_rank_deepseek_shows_dispatch_combine(tmp_path):
-    from analysis.attribution import attribute_job
-    from ingest.load import load_kineto
-    from store.connection import connect
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import load_kineto
+    from ninefold.store.connection import connect
 
     con = connect(tmp_path / "ds.duckdb")
     load_kineto(con, SHARED_TRACES / "deepseek" / "train.json", "ds", rank=0)
@@ -442,7 +442,7 @@ def test_moe_one_rank_deepseek_shows_dispatch_combine(tmp_path):
 
 
 def test_breakdown_names_order_matched_collectives_as_waits_does(dlrm2023):
-    from analysis.waits import waits
+    from ninefold.analysis.waits import waits
 
     con, gt = dlrm2023
     bd = queries.ledger_breakdown(con, "a2a", top=10_000)
@@ -464,7 +464,7 @@ def test_breakdown_names_order_matched_collectives_as_waits_does(dlrm2023):
 
 
 def test_stragglers_view_of_a_pipeline_says_only_send_recv_matched(ro):
-    from dashboards.views import stragglers as stragglers_view
+    from ninefold.dashboards.views import stragglers as stragglers_view
 
     # the 1F1B job's matched transfers are all point-to-point: their waits are bubble, not straggler
     assert ro.execute("SELECT bool_and(p2p) AND count(*) > 0 FROM collective_matches WHERE job = 'pp4_1f1b' "

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS
-from dashboards.views import TABS  # not from dashboards.app: Panel imported here changes the report's resources
+from ninefold.dashboards.views import TABS  # not from dashboards.app: Panel imported here changes the report's resources
 from test_web_browser import ROOT, _serve, _stop
 
 # holds a read-write connection on argv[1] until its stdin closes; the rest of argv only dresses its command line
@@ -23,10 +23,10 @@ HOLD = ("import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CREATE 
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory):
-    from analysis.attribution import attribute_job
-    from ingest.load import ingest_paths
+    from ninefold.analysis.attribution.attribute import attribute_job
+    from ninefold.ingest.load import ingest_paths
     from sample_traces.generate import generate
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     d = tmp_path_factory.mktemp("lock")
     generate(d / "first", ranks=2, steps=2, seed=1)
@@ -48,7 +48,7 @@ def browser():
 
 
 def _hold(db):
-    h = subprocess.Popen([sys.executable, "-c", HOLD, str(db), "service.cli", "--wait", "3", "ingest", "x.json"],
+    h = subprocess.Popen([sys.executable, "-c", HOLD, str(db), "ninefold.cli.main", "--wait", "3", "ingest", "x.json"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert h.stdout.readline().strip() == "locked"
     return h
@@ -126,7 +126,7 @@ def test_another_process_s_ingest_shows_without_a_restart(small_store, browser, 
         names = lambda p: p.locator("select").first.locator("option").all_inner_texts()  # noqa: E731
         assert names(page) == ["first"]
         generate(tmp_path / "second", ranks=2, steps=2, seed=2)
-        cli = [sys.executable, "-m", "service.cli"]
+        cli = [sys.executable, "-m", "ninefold.cli.main"]
         for args in (["ingest", *map(str, sorted((tmp_path / "second").glob("rank-*.json"))), "--db", str(small_store),
                       "--job", "second"], ["attribute", "--db", str(small_store), "--job", "second"]):
             r = subprocess.run(cli + args, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -148,7 +148,7 @@ def test_another_process_s_ingest_shows_without_a_restart(small_store, browser, 
 
 
 def test_describe_holder_names_the_ninefold_command(small_store):
-    from dashboards import data_store
+    from ninefold.web import data_store
 
     holder = _hold(small_store)
     try:
@@ -168,7 +168,7 @@ def test_describe_holder_names_the_ninefold_command(small_store):
 def test_serve_meeting_a_locked_store_at_start_fails_in_one_line(small_store):
     holder = _hold(small_store)
     try:
-        r = subprocess.run([sys.executable, "-m", "service.cli", "--wait", "0.5", "serve", "--db", str(small_store),
+        r = subprocess.run([sys.executable, "-m", "ninefold.cli.main", "--wait", "0.5", "serve", "--db", str(small_store),
                             "--port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         _release(holder)

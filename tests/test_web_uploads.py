@@ -7,11 +7,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dashboards import data_store, queries
+from ninefold.web import data_store
+from ninefold.dashboards import queries
 from sample_traces.demo_store import sample_files
-from dashboards.server import ServeConfig, check_config
-from dashboards.uploads import ChunkWriter, UploadStore, Writer, safe_name
-from store.errors import NinefoldError
+from ninefold.web.server import ServeConfig, check_config
+from ninefold.web.uploads import ChunkWriter, UploadStore, Writer, safe_name
+from ninefold.store.errors import NinefoldError
 
 
 def _wait(writer, timeout=60):
@@ -111,7 +112,7 @@ def test_upload_limits_and_names(tmp_path):
 def test_reads_wait_for_the_writer_instead_of_failing(tmp_path):
     """In one process a read-only and a read-write connection cannot coexist: reads queue behind the writer."""
     db = tmp_path / "s.duckdb"
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     connect(db).close()
     got = []
@@ -192,13 +193,13 @@ def test_an_upload_meeting_a_locked_store_waits_and_lands(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    import dashboards.uploads as up
-    import store.connection
+    import ninefold.web.uploads as up
+    import ninefold.store.connection
 
-    monkeypatch.setattr(store.connection, "WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(ninefold.store.connection, "WAIT_SECONDS", 0.3)
     monkeypatch.setattr(up, "RETRY_BASE_S", 0.5)
     db = tmp_path / "s.duckdb"
-    from store.connection import connect
+    from ninefold.store.connection import connect
 
     connect(db).close()
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "

@@ -1,0 +1,1 @@
+"""ninefold: where every nanosecond of every GPU of a training job went."""

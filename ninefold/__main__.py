@@ -1,0 +1,4 @@
+"""python -m ninefold: the CLI."""
+from ninefold.cli.main import main
+
+main()
