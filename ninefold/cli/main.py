@@ -382,6 +382,7 @@ CLI_MODULES = [
     "ninefold.cli.diff",      # diff
     "ninefold.cli.efficiency",  # efficiency
     "ninefold.cli.critical",  # critical-path, whatif, export
+    "ninefold.cli.analyze",   # analyze: ingest, attribute, compare, report in one
 ]
 
 
@@ -415,6 +416,7 @@ EXAMPLES = {
     "critical-path": "ninefold critical-path --db nf.duckdb --job run42 --step 12",
     "whatif": "ninefold whatif --db nf.duckdb --job run42   |   ninefold whatif --db nf.duckdb --job run42 "
               "--remove straggler --scale gemm=0.8",
+    "analyze": "ninefold analyze traces/run42/ --config run42.toml --out run42.html",
     "export": "ninefold export --db nf.duckdb --job run42 --step 12 --out step12.json   (open in ui.perfetto.dev)",
 }
 for _name, _ex in EXAMPLES.items():
