@@ -26,6 +26,17 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 def offline(page) -> tuple[list, list]:
     """Let PAGE load only file:// URLs: (the other URLs it tried, its page errors), filled as it runs."""
     attempted, errors = [], []

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, offline
+from conftest import offline
 from sample_traces.demo_store import build_demo_store, sample_files
 from ninefold.dashboards.report import write_report
 from ninefold.analysis.ledgers import LEDGERS
@@ -90,16 +90,6 @@ def store(tmp_path_factory):
         attribute_job(con, job)
     con.close()
     return d / "web.duckdb"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

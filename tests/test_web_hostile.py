@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pytest
 from bokeh.models import HoverTool
 
-from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS, offline
+from conftest import offline
 from test_web_browser import _serve, _stop
 
 PAYLOADS = ["<img src=x onerror=alert(1)>", "<script>alert(2)</script>", '"><svg onload=alert(3)>', "{{7*7}}",
@@ -67,16 +67,6 @@ def hostile_store(tmp_path_factory):
                        "AND host_name LIKE '%<svg%'").fetchone()[0] == 4
     con.close()
     return db
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def _watch(page) -> list:

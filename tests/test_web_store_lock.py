@@ -10,7 +10,6 @@ import urllib.request
 import pytest
 from playwright.sync_api import expect
 
-from conftest import CHROMIUM, CHROMIUM_ARGS as ARGS
 from ninefold.dashboards.views import TABS  # not from dashboards.app: Panel imported here changes the report's resources
 from test_web_browser import ROOT, _serve, _stop
 
@@ -35,16 +34,6 @@ def small_store(tmp_path_factory):
     attribute_job(con, "first")
     con.close()
     return d / "s.duckdb"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def _hold(db):
