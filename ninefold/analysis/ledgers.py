@@ -1,6 +1,6 @@
 """The nine time ledgers, in precedence order of their families (see the project's LEDGERS contract).
 
-This is the only place their names are spelled."""
+This is where they are declared, with their order; code that picks one ledger out names it by this spelling."""
 
 LEDGERS = ("compute", "recompute", "host", "exposed_comm", "memcpy", "io", "bubble", "straggler", "idle")
 LEDGER_ID = {name: i for i, name in enumerate(LEDGERS)}

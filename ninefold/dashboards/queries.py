@@ -1,4 +1,5 @@
-"""Every SQL the web app and the static report run, as named functions of a connection.
+"""The reads the web app and the static report run, as named functions of a connection (views also call the
+analysis functions directly, e.g. efficiency and what-if).
 
 Each returns a polars DataFrame (or a small dict of them). Tables written by later stages
 (``ledger_totals``, ``predicted_ledgers``, ``predicted_memory``, ``uploads`` ...) may be missing: every

@@ -1,4 +1,4 @@
-"""The only writer: one trace file → one transaction over the canonical tables."""
+"""Ingest's writer: one trace file → one transaction over the canonical tables."""
 from __future__ import annotations
 
 import gzip

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-# Modules that may define LOADER. Kineto is last: it is the fallback for *.json / *.json.gz.
+# Modules that may define LOADER, asked in this order. Kineto is not among them: a file no loader claims is read
+# as Kineto (the fallback for *.json / *.json.gz).
 LOADER_MODULES = [
     "ninefold.ingest.nsys",
     "ninefold.ingest.nccl_log",

@@ -1,4 +1,6 @@
-"""Every table, declared once. Times are BIGINT nanoseconds, absolute (Unix epoch)."""
+"""The tables ingest writes, declared once (the tables of later stages are declared beside the stage that writes
+them: attribution, critical path, efficiency, the cost model's comparison, the batch catalog and uploads). Times are
+BIGINT nanoseconds, absolute (Unix epoch)."""
 
 TABLES: dict[str, str] = {
     "jobs": """
