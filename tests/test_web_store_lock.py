@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from playwright.sync_api import expect
 
-from ninefold.dashboards.views import TABS  # not from dashboards.app: Panel imported here changes the report's resources
+from ninefold.dashboards.views import TABS  # not from web.app: Panel imported here changes the report's resources
 from test_web_browser import ROOT, _serve, _stop
 
 # holds a read-write connection on argv[1] until its stdin closes; the rest of argv only dresses its command line

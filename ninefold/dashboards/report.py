@@ -16,10 +16,10 @@ from bokeh.layouts import column
 from bokeh.resources import INLINE
 
 from ninefold.dashboards import queries
-from ninefold.web.data_store import read_connection
 from ninefold.dashboards.style import esc, fmt_ns, fmt_pct, html_table, ledger_legend_html, note
 from ninefold.dashboards.views import efficiency, memory, moe, overview, pipeline, stragglers, timeline, whatif
 from ninefold.dashboards.views._common import div
+from ninefold.store.connection import connect
 from ninefold.store.errors import NinefoldError
 
 REPORT_ROOT = "ninefold_report"
@@ -99,10 +99,15 @@ def render(data):
 def write_report(db_path, job: str, out_path, con=None) -> Path:
     """Write ONE self-contained HTML file for JOB (atomically: a temp file renamed into place), read through CON
     when given (the caller's open read connection; the CLI's waits for a busy store as --wait says), else
-    through a short read connection of its own."""
+    through a short read-only connection of its own (the store's connect, which waits for a lock as --wait says)."""
     if con is None:
-        with read_connection(db_path) as con:
-            data = load_all(con, job, db=db_path)
+        if not Path(db_path).exists():
+            raise NinefoldError(f"{db_path}: no such DuckDB store (run ninefold ingest first)")
+        own = connect(db_path, read_only=True)
+        try:
+            data = load_all(con=own, job=job, db=db_path)
+        finally:
+            own.close()
     else:
         data = load_all(con, job, db=db_path)
     html = file_html(render(data), resources=INLINE, title=f"ninefold report: {job}")

@@ -58,7 +58,7 @@ def check_config(cfg: ServeConfig) -> None:
 def run_server(cfg: ServeConfig) -> None:
     import panel as pn
 
-    from ninefold.dashboards.app import CHUNK_BYTES, make_app
+    from ninefold.web.app import CHUNK_BYTES, make_app
     from ninefold.web.auth import Credentials, guard_every_route, make_provider
     from ninefold.web.uploads import UploadStore, Writer
     from ninefold.store.connection import connect
