@@ -380,3 +380,26 @@ def _store(con, job, rows, steps):
                        "start_ns": r["start_ns"], "end_ns": r["end_ns"], "aligned_start_ns": r["aligned_start_ns"],
                        "aligned_end_ns": r["aligned_end_ns"], "ledger": pa.array(r["ledger"], pa.string())})
         append_arrow(con, "critical_path", tb, job)  # one per step: none is held until the caller's commit
+
+
+def step_pieces(con, job: str, step: int | None):
+    """The critical path of STEP as rows (rank, kind, op_name, start_ns, end_ns relative to the step's start,
+    ledger): the stored rows, else computed without storing (a read-only caller); None when there is none."""
+    if step is None:
+        return None
+    if _has(con, "critical_path"):
+        rows = con.execute("SELECT rank, kind, op_name, aligned_start_ns, aligned_end_ns, ledger FROM critical_path "
+                           "WHERE job = ? AND step = ? ORDER BY seq", [job, step]).fetchall()
+        if rows:
+            t0 = rows[0][3]
+            return [(r, k, op, s - t0, e - t0, led) for r, k, op, s, e, led in rows]
+    try:
+        res = critical_path(con, job, steps={step}, store=False)
+    except CriticalPathError:
+        return None
+    if not res["rows"]:
+        return None
+    r = res["rows"][0]
+    t0 = int(r["aligned_start_ns"][0])
+    return list(zip(r["rank"].tolist(), r["kind"], list(r["op_name"]), (r["aligned_start_ns"] - t0).tolist(),
+                    (r["aligned_end_ns"] - t0).tolist(), r["ledger"]))

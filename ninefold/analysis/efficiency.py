@@ -454,6 +454,18 @@ def store_efficiency(con, job: str, rows: list[dict]) -> None:
         raise
 
 
+def stored_rows(con, job: str) -> list[dict] | None:
+    """JOB's ``kernel_efficiency`` rows as store_efficiency wrote them (the columns a store of an older version
+    has), or None when there are none."""
+    have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'kernel_efficiency'"
+                                      ).fetchall()}
+    if not have:
+        return None
+    cols = [c for c in COLUMNS if c in have]
+    cur = con.execute(f"SELECT {', '.join(cols)} FROM kernel_efficiency WHERE job = ?", [job])
+    return [dict(zip(cols, t)) for t in cur.fetchall()] or None
+
+
 def kernel_efficiency(con, job: str, device: str | None = None) -> tuple[list[dict], dict]:
     """Compute JOB's per-kernel efficiency rows and store them; (rows by lost time, per-rank devices)."""
     rows, devs = compute_efficiency(con, job, device)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
-from ninefold.dashboards import queries
 from ninefold.dashboards.style import LEDGER_COLORS, PREDICTED_COLOR, esc, fmt_ns, html_table, note
 from ninefold.dashboards.views._common import div
 
@@ -18,22 +17,11 @@ PLOT_NAME = "efficiency_lost"
 TOP = 15
 
 
-def _stored(con, job):
-    if not queries.has_table(con, "kernel_efficiency"):
-        return None
-    from ninefold.analysis.efficiency import COLUMNS
-
-    have = set(queries.columns(con, "kernel_efficiency"))
-    cols = [c for c in COLUMNS if c in have]
-    cur = con.execute(f"SELECT {', '.join(cols)} FROM kernel_efficiency WHERE job = ?", [job])
-    rows = [dict(zip(cols, t)) for t in cur.fetchall()]
-    return rows or None
-
-
 def load(con, job: str) -> dict:
-    from ninefold.analysis.efficiency import EfficiencyError, by_kernel, compute_efficiency, device_line, resolve_devices
+    from ninefold.analysis.efficiency import (EfficiencyError, by_kernel, compute_efficiency, device_line,
+                                             resolve_devices, stored_rows)
 
-    rows, source = _stored(con, job), "stored by ninefold efficiency"
+    rows, source = stored_rows(con, job), "stored by ninefold efficiency"
     try:
         if rows is None:
             rows, devs = compute_efficiency(con, job)

@@ -19,10 +19,10 @@ def load(con, job: str, step: int | None = None, max_rows: int = MAX_ROWS, width
         step = steps[len(steps) // 2]
     bars = queries.timeline(con, job, step, max_rows=max_rows, width_px=width_px) if step is not None \
         else queries.timeline(con, job, None, max_rows=max_rows)
-    from ninefold.dashboards.views.whatif import step_path
+    from ninefold.analysis.critical_path import step_pieces
 
     return {"job": job, "step": step, "steps": steps, "bars": bars, "max_rows": max_rows,
-            "path": step_path(con, job, step)}
+            "path": step_pieces(con, job, step)}
 
 
 def add_path(p, path):

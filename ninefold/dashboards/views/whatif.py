@@ -7,42 +7,17 @@ from ninefold.dashboards.style import esc, fmt_ns, fmt_pct, html_table, note
 from ninefold.dashboards.views._common import div
 
 
-def step_path(con, job: str, step: int | None):
-    """The critical path of STEP: the stored rows, else computed (not stored: the app reads only). Rows of
-    (rank, kind, op_name, start_ns, end_ns relative to the step's start, ledger); None when not attributed."""
-    from ninefold.analysis.critical_path import CriticalPathError, critical_path
-
-    if step is None:
-        return None
-    if queries.has_table(con, "critical_path"):
-        rows = con.execute("SELECT rank, kind, op_name, aligned_start_ns, aligned_end_ns, ledger FROM critical_path "
-                           "WHERE job = ? AND step = ? ORDER BY seq", [job, step]).fetchall()
-        if rows:
-            t0 = rows[0][3]
-            return [(r, k, op, s - t0, e - t0, led) for r, k, op, s, e, led in rows]
-    try:
-        res = critical_path(con, job, steps={step}, store=False)
-    except CriticalPathError:
-        return None
-    if not res["rows"]:
-        return None
-    r = res["rows"][0]
-    t0 = int(r["aligned_start_ns"][0])
-    return list(zip(r["rank"].tolist(), r["kind"], list(r["op_name"]), (r["aligned_start_ns"] - t0).tolist(),
-                    (r["aligned_end_ns"] - t0).tolist(), r["ledger"]))
-
-
 def _predicted(con, job):
-    if not queries.has_table(con, "predicted_ledgers"):
+    """The stored prediction's busiest rank's step (queries.predicted_overview, as the MoE view reads it)."""
+    cfg = queries.prediction_config(con, job)
+    pred = queries.predicted_overview(con, job, cfg) if cfg else None
+    if pred is None or not pred.height:
         return None
-    row = con.execute("""SELECT config_sha, max(ns) FROM (SELECT config_sha, rank, step, sum(ns) AS ns
-                         FROM predicted_ledgers WHERE job = ? GROUP BY ALL) GROUP BY config_sha
-                         ORDER BY config_sha LIMIT 1""", [job]).fetchall()
-    row = row[0] if row else None
-    return None if row is None else {"config_sha": row[0], "step_ns": int(row[1])}
+    return {"config_sha": cfg, "step_ns": int(pred["predicted_step_ns"].max())}
 
 
 def load(con, job: str, step: int | None = None) -> dict:
+    from ninefold.analysis.critical_path import step_pieces
     from ninefold.analysis.whatif import WhatIfError, rank_removals
 
     steps = queries.job_steps(con, job)
@@ -54,7 +29,7 @@ def load(con, job: str, step: int | None = None) -> dict:
         removals = None
     from ninefold.analysis.readiness import attributed, not_attributed
 
-    return {"job": job, "step": step, "steps": steps, "removals": removals, "path": step_path(con, job, step),
+    return {"job": job, "step": step, "steps": steps, "removals": removals, "path": step_pieces(con, job, step),
             "predicted": _predicted(con, job),
             "not_attributed": None if attributed(con, job) else not_attributed(con, job)}
 
