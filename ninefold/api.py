@@ -12,7 +12,6 @@ subclasses with one-line messages.
 """
 from __future__ import annotations
 
-import builtins
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -108,28 +107,31 @@ class Store:
 
     # -- what is stored
     def jobs(self) -> list[str]:
-        con = self._read()
-        if not _has(con, "traces"):
-            return []
-        return [r[0] for r in con.execute("SELECT DISTINCT job FROM traces ORDER BY job").fetchall()]
+        """The stored job names (ninefold.analysis.readiness.job_names, as every command lists them)."""
+        from ninefold.analysis.readiness import job_names
+
+        return job_names(self._read())
 
     def _job(self, job: str, attributed: bool = False):
+        """The read connection, once JOB is in the store (and attributed, when ATTRIBUTED); the messages are
+        readiness's, the ones the CLI prints."""
+        from ninefold.analysis import readiness
+
         con = self._read()
-        names = self.jobs()
-        if job not in names:
-            listed = ", ".join(names[:20]) or "none"
-            raise UnknownJob(f"{self.path}: no job {job!r} (jobs: {listed})")
-        if attributed and not (_has(con, "ledger_totals") and con.execute(
-                "SELECT count(*) FROM ledger_totals WHERE job = ?", [job]).fetchall()[0][0]):
-            raise NotAttributed(f"{self.path}: job {job!r} is not attributed; run Store.attribute({job!r}) "
-                                f"(or `ninefold attribute --db {self.path} --job {job}`)")
+        msg = readiness.not_in_store(con, job, f"the store {self.path}")
+        if msg:
+            raise UnknownJob(msg)
+        if attributed and not readiness.attributed(con, job):
+            raise NotAttributed(readiness.not_attributed(con, job, str(self.path)))
         return con
 
     def sql(self, query: str, params: list | None = None) -> pl.DataFrame:
         """Run a read-only SQL query over the store; the escape hatch for what no method gives."""
         con = connect(self.path, read_only=True, wait=self.wait)
         try:
-            return _frame(con, query, params)
+            df = pl.from_arrow(con.sql(query, params=params or None).to_arrow_table())
+            assert isinstance(df, pl.DataFrame)   # a table, never a single column
+            return df
         finally:
             con.close()
 
@@ -162,12 +164,11 @@ class Store:
     # -- reading
     def ledgers(self, job: str) -> pl.DataFrame:
         """The nine ledgers per rank and step: columns rank, step, ledger, ns (every ledger, zeros included)."""
-        from ninefold.analysis.ledgers import LEDGERS
+        from ninefold.analysis.ledgers import totals
 
         con = self._job(job, attributed=True)
-        df = _frame(con, "SELECT rank, step, ledger, ns FROM ledger_totals WHERE job = ?", [job])
-        order = pl.DataFrame({"ledger": list(LEDGERS), "_o": builtins.range(len(LEDGERS))})
-        return df.join(order, on="ledger", how="left").sort(["rank", "step", "_o"]).drop("_o")
+        return pl.DataFrame(totals(con, job), schema={"rank": pl.Int32, "step": pl.Int32, "ledger": pl.Utf8,
+                                                      "ns": pl.Int64}, orient="row")
 
     def waits(self, job: str) -> pl.DataFrame:
         """Per collective and rank: arrival, the wait for the last member and how it was charged (ns)."""
@@ -254,14 +255,3 @@ class Store:
 def open(path: str | Path, read_only: bool = False, wait: float | None = None) -> Store:  # noqa: A001
     """Open (or create) the ninefold store at PATH."""
     return Store(path, read_only=read_only, wait=wait)
-
-
-def _frame(con, sql: str, params=None) -> pl.DataFrame:
-    """A polars frame of a query (DuckDB 2 results go to Arrow without a copy)."""
-    df = pl.from_arrow(con.sql(sql, params=params or None).to_arrow_table())
-    assert isinstance(df, pl.DataFrame)   # a table, never a single column
-    return df
-
-
-def _has(con, table: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchall()[0][0])

@@ -49,12 +49,12 @@ def test_reingest_is_a_no_op(store, tmp_path):
 
 
 def test_typed_errors(store, tmp_path):
-    with pytest.raises(ninefold.UnknownJob, match="no job 'nope'.*jobs: j"):
+    with pytest.raises(ninefold.UnknownJob, match="job 'nope' is not in the store .*jobs: j\\)"):
         store.ledgers("nope")
     s2 = ninefold.open(tmp_path / "other.duckdb")
     generate(tmp_path / "k", ranks=2, steps=2, seed=1)
     s2.ingest(tmp_path / "k", job="k")
-    with pytest.raises(ninefold.NotAttributed, match="not attributed; run"):
+    with pytest.raises(ninefold.NotAttributed, match="job 'k' is not attributed yet: run `ninefold attribute"):
         s2.ledgers("k")
     s2.close()
     with pytest.raises(ninefold.NinefoldError, match="no such store"):

@@ -16,3 +16,10 @@ DESCRIPTIONS = {
     "straggler": "inside a collective, before the last member of the group arrived",
     "idle": "the GPU is idle and nothing above explains it",
 }
+
+
+def totals(con, job: str) -> list[tuple[int, int, str, int]]:
+    """JOB's stored ledger totals as (rank, step, ledger, ns), by rank, step and the ledgers' order here: what
+    ``ninefold ledgers`` prints and ``Store.ledgers`` returns."""
+    rows = con.execute("SELECT rank, step, ledger, ns FROM ledger_totals WHERE job = ?", [job]).fetchall()
+    return sorted(rows, key=lambda r: (r[0], r[1], LEDGER_ID[r[2]]))

@@ -256,14 +256,11 @@ def ledgers(db, job, fmt):
     """Print the nine ledger totals per rank and step."""
     import json as _json
 
-    from ninefold.analysis.ledgers import LEDGERS
+    from ninefold.analysis.ledgers import LEDGERS, totals
     from ninefold.cli.store import open_job
 
     con = open_job(db, job)
-    rows = con.execute("SELECT rank, step, ledger, ns FROM ledger_totals WHERE job = ? ORDER BY rank, step",
-                       [job]).fetchall()
-    order = {n: i for i, n in enumerate(LEDGERS)}
-    rows.sort(key=lambda r: (r[0], r[1], order[r[2]]))
+    rows = totals(con, job)
     if fmt == "csv":
         click.echo("rank,step,ledger,ns")
         for r in rows:
