@@ -22,6 +22,7 @@ from ninefold.analysis.intervals import union
 from ninefold.analysis.ledgers import LEDGER_ID, LEDGERS
 from ninefold.analysis import step_graph as sg
 from ninefold.store.connection import append_arrow
+from ninefold.store.connection import has_table
 
 DDL = {"critical_path": """job VARCHAR, step INTEGER, seq INTEGER, rank INTEGER, kind VARCHAR, op_name VARCHAR,
                            start_ns BIGINT, end_ns BIGINT, aligned_start_ns BIGINT, aligned_end_ns BIGINT,
@@ -268,7 +269,7 @@ def critical_path(con, job: str, steps=None, store: bool = True) -> dict:
     """The critical path of each step of JOB (all, or STEPS): rows (stored in ``critical_path`` when STORE) and
     per step its window, length per ledger and per rank. Needs an attributed job."""
     n_win = con.execute("SELECT count(*) FROM step_windows WHERE job = ?", [job]).fetchall()[0][0] \
-        if _has(con, "step_windows") else 0
+        if has_table(con, "step_windows") else 0
     if not n_win:
         raise CriticalPathError(sg.no_windows_reason(con, job))
     g = sg.build(con, job)
@@ -357,11 +358,6 @@ def _summary(st, r, t0, t1):
             "top": [{"rank": k[0], "ledger": k[1], "what": k[2], "ns": v} for k, v in top]}
 
 
-def _has(con, table):
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                            [table]).fetchall()[0][0])
-
-
 def _store(con, job, rows, steps):
     import pyarrow as pa
 
@@ -387,7 +383,7 @@ def step_pieces(con, job: str, step: int | None):
     ledger): the stored rows, else computed without storing (a read-only caller); None when there is none."""
     if step is None:
         return None
-    if _has(con, "critical_path"):
+    if has_table(con, "critical_path"):
         rows = con.execute("SELECT rank, kind, op_name, aligned_start_ns, aligned_end_ns, ledger FROM critical_path "
                            "WHERE job = ? AND step = ? ORDER BY seq", [job, step]).fetchall()
         if rows:

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from ninefold.analysis.chrome_trace import event as _event, meta as _meta
+from ninefold.store.connection import has_table
 
 LEDGER_TID = 1_000_001
 PATH_TID = 1_000_002
@@ -34,11 +35,6 @@ def _tid(v):
         return int(v) if str(int(v)) == v else v
     except ValueError:
         return v
-
-
-def _has(con, table):
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                            [table]).fetchall()[0][0])
 
 
 def export_trace(con, job: str, steps=None, rank=None) -> str:
@@ -80,7 +76,7 @@ def _batches(events, n: int = 20_000):
 def _plan(con, job, steps, rank):
     """(ranks, span per rank, clock offsets, base ns, head object) of an export; ExportError when the job, a rank
     or a step asked for is not there."""
-    if not _has(con, "step_windows") or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?",
+    if not has_table(con, "step_windows") or not con.execute("SELECT count(*) FROM step_windows WHERE job = ?",
                                                         [job]).fetchall()[0][0]:
         raise ExportError(f"job {job!r} has no attributed step windows (run `ninefold attribute` first)")
     off = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE job = ?", [job]).fetchall())
@@ -164,7 +160,7 @@ def _rank_events(con, job, r, o, ab, base, steps):
 
 
 def _ledger_events(con, job, r, o, base, gp, steps):
-    table = "ledger_drilldown" if _has(con, "ledger_drilldown") else "ledger_intervals"
+    table = "ledger_drilldown" if has_table(con, "ledger_drilldown") else "ledger_intervals"
     cols = [c for (c,) in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
                                       [table]).fetchall()]
     keys = [k for k in DRILL_KEYS if k in cols]
@@ -183,7 +179,7 @@ def _ledger_events(con, job, r, o, base, gp, steps):
 
 
 def _path_events(con, job, ranks, base, steps):
-    if not _has(con, "critical_path"):
+    if not has_table(con, "critical_path"):
         return
     q = ("SELECT step, seq, rank, kind, op_name, aligned_start_ns, aligned_end_ns, ledger FROM critical_path "
          "WHERE job = ?")

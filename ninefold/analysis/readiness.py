@@ -11,14 +11,11 @@ thing about a job it cannot show:
 """
 from __future__ import annotations
 
-
-def _has(con, table: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                            [table]).fetchone()[0])
+from ninefold.store.connection import has_table
 
 
 def _count(con, table: str, where: str, params) -> int:
-    if not _has(con, table):
+    if not has_table(con, table):
         return 0
     return con.execute(f"SELECT count(*) FROM {table} WHERE {where}", params).fetchone()[0]
 
@@ -26,7 +23,7 @@ def _count(con, table: str, where: str, params) -> int:
 def job_names(con) -> list[str]:
     """Every job in the store, sorted: those ingested (jobs, traces), those whose every upload failed (uploads:
     the app lists them) and those with ledgers (a store holding only results)."""
-    have = [t for t in ("jobs", "traces", "uploads", "ledger_totals") if _has(con, t)]
+    have = [t for t in ("jobs", "traces", "uploads", "ledger_totals") if has_table(con, t)]
     if not have:
         return []
     union = " UNION ".join(f"SELECT DISTINCT job FROM {t}" for t in have)

@@ -17,6 +17,7 @@ import polars as pl
 
 from ninefold.analysis.intervals import union
 from ninefold.analysis.process_groups import canonical
+from ninefold.store.connection import has_table
 
 CHARGED = ("straggler", "bubble", "hidden")
 
@@ -46,18 +47,13 @@ FRAME_SCHEMA = {"rank": pl.Int32, "gid": pl.Int64, "pg": pl.Utf8, "coll": pl.Utf
                 "tracelens_wait_ns": pl.Int64}
 
 
-def _has(con, table: str) -> bool:
-    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                       [table]).fetchall()[0][0] > 0
-
-
 def collective_frame(con, job: str) -> pl.DataFrame:
     """Every collective kernel of JOB that attribution stored, one row per kernel and rank (FRAME_SCHEMA), in
     (rank, start) order: the match key (gid; pg with seq, or ord for an order match), type (coll), whether it
     was matched, its own-clock start/end, aligned arrival and the last member's, bytes sent and received (from
     the collective's record), the wait and its charge, the transfer after the last arrival and TraceLens's
     wait. An unmatched kernel has no wait: its whole span is transfer. Empty when the job is not attributed."""
-    if not _has(con, "collective_matches"):
+    if not has_table(con, "collective_matches"):
         return pl.DataFrame(schema=FRAME_SCHEMA)
     m = pl.from_arrow(con.sql("""
         WITH c AS (SELECT rank, start_ns, coalesce(pg_name, '') AS pg, coalesce(seq, -1) AS sq,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import polars as pl
 
 from ninefold.analysis.ledgers import LEDGERS
+from ninefold.store.connection import has_table  # noqa: F401  (views call queries.has_table)
 
 NO_PREDICTION = "no prediction stored; run ninefold compare"
 NOT_ATTRIBUTED = "no ledgers stored for this job; run ninefold attribute"
@@ -28,10 +29,6 @@ _LEDGER_ORDER = "CASE ledger " + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enu
 def tables(con) -> set[str]:
     rows = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
     return {r[0] for r in rows}
-
-
-def has_table(con, name: str) -> bool:
-    return _one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name])[0] > 0
 
 
 def columns(con, name: str) -> list[str]:

@@ -148,3 +148,10 @@ def append_arrow(con, table: str, rows, job: str | None = None) -> None:
         codes = from_numpy(np.zeros(rows.num_rows, np.int8))
         rows = rows.add_column(0, "job", pa.DictionaryArray.from_arrays(codes, strings([job])))
     con.from_arrow(rows).insert_into(table)
+
+
+def has_table(con, name: str) -> bool:
+    """The store (or the connection's temporary schema) has a table or view NAME: tables of later stages are
+    missing until those stages have run."""
+    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                       [name]).fetchall()[0][0] > 0

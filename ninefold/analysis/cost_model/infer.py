@@ -10,6 +10,7 @@ from ninefold.store.errors import NinefoldError
 from ninefold.analysis.process_groups import AXIS_WORDS, canonical, classify_axis, process_groups  # noqa: F401  (re-exported)
 
 from .hardware import preset_for_device
+from ninefold.store.connection import has_table
 
 def infer(con, job: str) -> dict:
     """Facts with their evidence; raises NinefoldError when the job is not in the database."""
@@ -66,7 +67,7 @@ def infer(con, job: str) -> dict:
     if "ep" in by_axis:
         facts.update(_a2a_facts(con, job, by_axis["ep"], n_steps))
     st = con.execute("SELECT avg(end_ns - start_ns), count(*) FROM step_windows WHERE job = ?", [job]).fetchone() \
-        if _has(con, "step_windows") else (None, 0)
+        if has_table(con, "step_windows") else (None, 0)
     if st and st[0]:
         facts["step_ns"] = (float(st[0]), "step_windows")
     else:
@@ -74,10 +75,6 @@ def infer(con, job: str) -> dict:
         if s2:
             facts["step_ns"] = (float(s2), "ProfilerStep annotations")
     return facts
-
-
-def _has(con, table):
-    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0] > 0
 
 
 def _a2a_facts(con, job, pgs, n_steps) -> dict:
